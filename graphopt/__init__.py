@@ -1,0 +1,15 @@
+"""graphopt: a small, inspectable graph compiler for training and optimizer steps."""
+from . import ir
+from .errors import GraphoptError
+from .frontend import (EagerTensor, Parameter, Tensor, TracedTensor, assign, depend, jit,
+                       trace)
+from . import ops  # noqa: E402  (after the frontend it builds on)
+from .ir import Graph, parse
+from .ir.export import dump
+from .ir.types import bf16, bool_, f16, f32, f64, i32, i64
+
+__version__ = "0.1.0"
+
+__all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "trace", "jit", "assign",
+           "depend", "ops", "ir", "Graph", "parse", "dump", "GraphoptError", "f16", "bf16",
+           "f32", "f64", "i32", "i64", "bool_"]

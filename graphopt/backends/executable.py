@@ -1,0 +1,84 @@
+"""Executable: a compiled step. One call runs the whole graph and updates Parameters in place.
+
+A call is atomic: every argument is checked against the signature the step was compiled for
+before anything runs, and the new parameter values are written only after the whole graph ran.
+"""
+from __future__ import annotations
+
+import time
+from typing import Any, Callable
+
+import numpy as np
+
+from ..errors import SignatureError
+from ..frontend import pytree
+from ..frontend.tensor import EagerTensor
+from ..frontend.tracer import Traced, bind_arguments
+from ..ir.graph import Graph
+from ..ir.types import TensorType
+from . import get_backend
+
+
+class Executable:
+    def __init__(self, fn: Callable, traced: Traced, backend: str):
+        self.fn = fn
+        self.graph: Graph = traced.graph
+        self.backend_name = backend
+        self._backend = get_backend(backend)
+        self._in_tree, self._out_tree = traced.in_tree, traced.out_tree
+        self._leaf_kinds = traced.leaf_kinds
+        self._params = traced.params
+        self.param_inputs = [(v, traced.params[v.name]) for v in self.graph.params]
+        self.last_step_seconds: float | None = None
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        leaves, paths, tree = pytree.flatten(bind_arguments(self.fn, args, kwargs))
+        pytree.check_same(self._in_tree, tree, getattr(self.fn, "__name__", "step"))
+        return self.run(leaves, paths)
+
+    def run(self, leaves: list[Any], paths: list[str]) -> Any:
+        """Check every argument leaf, run the graph, then commit the assigns."""
+        inputs = dict(self._param_arrays())
+        args = iter(self.graph.args)
+        for leaf, path, kind in zip(leaves, paths, self._leaf_kinds):
+            if kind == "param":
+                continue
+            v = next(args)
+            inputs[v] = _checked_array(leaf, v.type, path)
+        start = time.perf_counter()
+        outputs, updates = self._backend.run(self.graph, inputs)
+        self._commit(updates)
+        self.last_step_seconds = time.perf_counter() - start
+        # Results are copies: an output may be a view of a parameter buffer or of an argument.
+        return pytree.unflatten(self._out_tree, [np.array(o) for o in outputs])
+
+    def _param_arrays(self):
+        for v, p in self.param_inputs:
+            yield v, p._value
+
+    def _commit(self, updates: dict[str, np.ndarray]) -> None:
+        roots = {id(_root(p._value)) for _, p in self.param_inputs}
+        # A new value that views a parameter buffer (a swap, a reshape of @p) is copied first,
+        # so no commit reads a buffer that an earlier commit already overwrote.
+        staged = [(self._params[name], a.copy() if id(_root(a)) in roots else a)
+                  for name, a in updates.items()]
+        for p, a in staged:
+            np.copyto(p._value, a)
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+def _checked_array(leaf: Any, t: TensorType, path: str) -> np.ndarray:
+    if isinstance(leaf, EagerTensor):
+        leaf = leaf.array
+    if isinstance(leaf, (bool, int, float)):
+        return np.asarray(leaf, dtype=t.dtype.np_dtype)
+    a = np.asarray(leaf)
+    if a.shape != t.shape or a.dtype != t.dtype.np_dtype:
+        raise SignatureError(f"argument '{path}' is {a.dtype}{list(a.shape)}, but this step was "
+                             f"compiled for {t}")
+    return a

@@ -1,0 +1,37 @@
+"""The reference backend: runs any valid graph node by node with numpy.
+
+Nodes run in graph order (the verifier guarantees it respects data and after edges). Assigns
+are only collected: the caller commits them after the whole graph has run, so a step that
+fails part-way changes no Parameter.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..errors import ExecutionError, GraphoptError
+from ..ir.graph import Graph, Value
+from ..ir.registry import evaluate
+
+
+def run(graph: Graph, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
+                                                                  dict[str, np.ndarray]]:
+    """Run the graph; return its outputs and the new value of each assigned parameter."""
+    env: dict[Value, object] = dict(inputs)
+    updates: dict[str, np.ndarray] = {}
+    # NaN and Inf are values a training step works with (loss scaling looks for them).
+    with np.errstate(all="ignore"):
+        for node in graph.nodes:
+            if node.op == "assign":
+                updates[node.inputs[0].name] = env[node.inputs[1]]  # type: ignore[assignment]
+                env[node.out] = None  # a token carries no data
+                continue
+            args = [env[v] for v in node.inputs]
+            try:
+                results = evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
+            except GraphoptError:
+                raise
+            except Exception as e:  # numpy's own error, e.g. an integer to a negative power
+                raise ExecutionError(f"{node.op} failed while the step ran: {e}; "
+                                     f"no parameter was changed", loc=node.loc) from None
+            env.update(zip(node.outputs, results))
+    return [env[v] for v in graph.outputs], updates  # type: ignore[misc]

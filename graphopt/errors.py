@@ -1,0 +1,67 @@
+"""The error hierarchy: every error graphopt raises on bad input is a GraphoptError.
+
+Errors that come from user code carry the user's file:line (`loc`) when the tracer knows it,
+and show it at the start of the message, so an editor or terminal can jump to it.
+"""
+from __future__ import annotations
+
+from typing import Any
+
+
+class GraphoptError(Exception):
+    """Base class of every error graphopt raises on bad input."""
+
+    def __init__(self, message: str, *, loc: Any = None):
+        self.message = message
+        self.loc = loc
+        where = f"{loc.full()}: " if loc is not None else ""
+        super().__init__(where + message)
+
+
+class OpTypeError(GraphoptError, TypeError):
+    """An op was applied to inputs of the wrong shapes, dtypes or attributes."""
+
+
+class TracerBoolError(GraphoptError, TypeError):
+    """Python control flow (`if`, `bool()`, `float()`) asked for the value of a traced tensor."""
+
+
+class AssignError(GraphoptError, TypeError):
+    """`assign` to something that is not a Parameter, or of a value of another shape or dtype."""
+
+
+class SignatureError(GraphoptError, TypeError):
+    """A compiled step was called with arguments of the wrong structure or kind."""
+
+
+class ParameterError(GraphoptError, ValueError):
+    """A Parameter is malformed, or two Parameters of one graph share a name."""
+
+
+class ParseError(GraphoptError, ValueError):
+    """Malformed IR text; the message gives line and column."""
+
+    def __init__(self, message: str, line: int, col: int, source_line: str = ""):
+        self.line, self.col = line, col
+        caret = f"\n  {source_line}\n  {' ' * (col - 1)}^" if source_line else ""
+        super().__init__(f"line {line}, column {col}: {message}{caret}")
+
+
+class VerifyError(GraphoptError, ValueError):
+    """A graph breaks an IR rule; the message names the node and the rule."""
+
+    def __init__(self, rule: str, message: str, node: Any = None):
+        self.rule, self.node = rule, node
+        super().__init__(f"[{rule}] {message}", loc=getattr(node, "loc", None))
+
+
+class RenderError(GraphoptError, RuntimeError):
+    """Drawing a graph needs a tool that is not installed."""
+
+
+class ExecutionError(GraphoptError, RuntimeError):
+    """A node failed while a step ran; no Parameter was changed."""
+
+
+class BackendError(GraphoptError, ValueError):
+    """An unknown backend, or a graph a backend cannot run."""

@@ -1,0 +1,73 @@
+"""jit: trace a step on its first call for each signature, cache the compiled Executable.
+
+The signature of a call is its argument structure plus, per leaf, the shape and dtype of an
+array, the Python type of a scalar (not its value: a new learning rate does not retrace), or
+the identity of a Parameter. A call whose structure differs from the first call's is an error.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass
+from typing import Any, Callable
+
+from . import pytree
+from .tracer import bind_arguments, current_trace, leaf_spec, trace_function
+
+
+@dataclass(frozen=True)
+class CacheInfo:
+    traces: int  # how many times the function was traced
+    compiles: int  # how many Executables were built
+    hits: int  # calls that reused a compiled step
+    size: int  # compiled steps in the cache
+
+
+class JittedFunction:
+    def __init__(self, fn: Callable, backend: str = "interpreter"):
+        from ..backends import get_backend
+        get_backend(backend)  # an unknown backend fails here, not at the first call
+        self.fn = fn
+        self.backend = backend
+        self._cache: dict[tuple, Any] = {}
+        self._tree: pytree.TreeDef | None = None
+        self._traces = self._compiles = self._hits = 0
+        functools.update_wrapper(self, fn)
+
+    def _lookup(self, args: tuple, kwargs: dict):
+        from ..backends.executable import Executable
+        leaves, paths, tree = pytree.flatten(bind_arguments(self.fn, args, kwargs))
+        if self._tree is not None:
+            pytree.check_same(self._tree, tree, self.__name__)
+        key = (tree, tuple(leaf_spec(x, p) for x, p in zip(leaves, paths)))
+        exe = self._cache.get(key)
+        if exe is None:
+            traced = trace_function(self.fn, args, kwargs)
+            self._traces += 1
+            traced.graph.verify()
+            exe = Executable(self.fn, traced, self.backend)
+            self._compiles += 1
+            self._cache[key] = exe
+            self._tree = tree
+        else:
+            self._hits += 1
+        return exe, leaves, paths
+
+    def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        if current_trace() is not None:  # called from another traced function: inline it
+            return self.fn(*args, **kwargs)
+        exe, leaves, paths = self._lookup(args, kwargs)
+        return exe.run(leaves, paths)
+
+    def lower(self, *args: Any, **kwargs: Any):
+        """The compiled step for these arguments (compiling it if needed); `.graph` shows it."""
+        return self._lookup(args, kwargs)[0]
+
+    def cache_info(self) -> CacheInfo:
+        return CacheInfo(self._traces, self._compiles, self._hits, len(self._cache))
+
+
+def jit(fn: Callable | None = None, *, backend: str = "interpreter"):
+    """Compile a step function: `@jit`, `@jit(backend=...)` or `jit(fn, backend=...)`."""
+    if fn is None:
+        return lambda f: JittedFunction(f, backend)
+    return JittedFunction(fn, backend)

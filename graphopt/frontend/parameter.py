@@ -1,0 +1,53 @@
+"""Parameter: persistent state (weights, optimizer moments, step counters, loss scales).
+
+A Parameter keeps its value between steps and is changed only by `assign`. In an expression
+it reads its value: `@name` inside a trace, its current array in eager mode. Its name is how
+IR dumps, checkpoints and caches refer to it, so names in one graph must be distinct.
+"""
+from __future__ import annotations
+
+import itertools
+import re
+from typing import Any
+
+import numpy as np
+
+from ..errors import ParameterError
+from ..ir.types import TensorType, to_dtype
+from .tensor import Tensor
+
+_counter = itertools.count()
+_NAME = re.compile(r"[A-Za-z_][\w.]*\Z")
+
+
+class Parameter(Tensor):
+    __slots__ = ("name", "_value", "__weakref__")
+
+    def __init__(self, value: Any, name: str | None = None, dtype: Any = None):
+        arr = np.array(np.asarray(value), dtype=to_dtype(dtype).np_dtype if dtype else None,
+                       order="C", copy=True)
+        try:
+            to_dtype(arr.dtype)
+        except TypeError as e:
+            raise ParameterError(f"Parameter {name or ''}: {e}") from None
+        if name is None:
+            name = f"param{next(_counter)}"
+        if not isinstance(name, str) or not _NAME.match(name):
+            raise ParameterError(f"Parameter name {name!r} must start with a letter or '_' and "
+                                 f"hold only letters, digits, '_' and '.'")
+        self.name = name
+        self._value = arr  # owned, C-contiguous; updated in place by steps
+
+    @property
+    def type(self) -> TensorType:  # type: ignore[override]
+        return TensorType(self._value.shape, to_dtype(self._value.dtype))
+
+    def numpy(self) -> np.ndarray:
+        """A copy of the current value."""
+        return self._value.copy()
+
+    def __array__(self, dtype=None, copy=None):
+        return self._value.copy() if dtype is None else self._value.astype(dtype)
+
+    def __repr__(self) -> str:
+        return f"Parameter({self.name}: {self.type})"

@@ -1,0 +1,366 @@
+"""The tracer: runs a Python step function on TracedTensors and records a Graph.
+
+Every op goes through `bind`, in trace and in eager mode alike: it resolves weakly typed
+Python scalars, checks the op's type rule (errors carry the user's file:line), then either
+appends a node to the trace or computes the result with the op's numpy semantics.
+
+Parameters are read as `@name`; `assign` records the newest value of a parameter, and at the
+end of the trace one `assign` per parameter is emitted, ordered after every node that read the
+parameter's old value (the write-after-read edges).
+"""
+from __future__ import annotations
+
+import inspect
+import os
+import sys
+from dataclasses import dataclass
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import AssignError, GraphoptError, OpTypeError, ParameterError, SignatureError
+from ..ir.analysis import live_nodes, producers, unordered_readers
+from ..ir.graph import Graph, Location, Value
+from ..ir.registry import ELEMENTWISE, evaluate, get_op
+from ..ir.types import DType, TensorType, bool_, f32, f64, i64, to_dtype, type_of_array
+from . import pytree
+from .parameter import Parameter
+from .tensor import EagerTensor, Tensor, TracedTensor
+
+_PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+# Frames in these places are graphopt's machinery; the first frame outside them is the
+# user's line (graphopt.optim counts as user code: its lines are the update rules).
+_INTERNAL = tuple(os.path.join(_PKG, d) for d in ("frontend", "ir", "backends", "ops.py"))
+
+_TRACES: list[Trace] = []
+
+
+def current_trace() -> Trace | None:
+    return _TRACES[-1] if _TRACES else None
+
+
+def user_location() -> Location | None:
+    f = sys._getframe(1)
+    while f is not None:
+        name = f.f_code.co_filename
+        if not name.startswith(_INTERNAL) and not name.startswith("<frozen"):
+            return Location(name, f.f_lineno)
+        f = f.f_back
+    return None
+
+
+class Trace:
+    """The state of one trace: the graph being built and what each Parameter holds now."""
+
+    def __init__(self, name: str):
+        self.graph = Graph(name)
+        self.param_inputs: dict[int, Value] = {}  # id(Parameter) -> its @name input
+        self.params: dict[str, Parameter] = {}  # name -> Parameter
+        self.assigned: dict[int, tuple[Parameter, Value, Location | None]] = {}
+
+    def read_param(self, p: Parameter) -> Value:
+        if id(p) in self.assigned:
+            return self.assigned[id(p)][1]  # read after assign: the new value
+        if id(p) not in self.param_inputs:
+            other = self.params.get(p.name)
+            if other is not None and other is not p:
+                raise ParameterError(f"two different Parameters are named '{p.name}' in one "
+                                     f"graph; give each a distinct name", loc=user_location())
+            self.params[p.name] = p
+            self.param_inputs[id(p)] = self.graph.add_input("param", p.name, p.type)
+        return self.param_inputs[id(p)]
+
+    def finish(self, outputs: list[Value]) -> Graph:
+        """Emit one assign per assigned parameter, ordered after the live readers of @p."""
+        g = self.graph
+        g.outputs = outputs
+        roots = outputs + [v for _, v, _ in self.assigned.values()]
+        live = live_nodes(g, roots)
+        producer = producers(g)
+        index = {id(n): i for i, n in enumerate(g.nodes)}
+        readers: dict[Value, list] = {}
+        for n in g.nodes:
+            if id(n) in live:
+                for v in n.inputs:
+                    if v.kind == "param":
+                        readers.setdefault(v, []).append(n)
+        for p, value, loc in self.assigned.values():
+            target = self.read_input(p)
+            late = unordered_readers([value], readers.get(target, []), producer, index)
+            node = g.add_node("assign", [target, value], loc=loc,
+                              after=[r.outputs[0] for r in late])
+            g.effects.append(node.out)
+        return g
+
+    def read_input(self, p: Parameter) -> Value:
+        if id(p) not in self.param_inputs:  # assigned but never read: still an input
+            self.param_inputs[id(p)] = self.graph.add_input("param", p.name, p.type)
+            self.params[p.name] = p
+        return self.param_inputs[id(p)]
+
+
+# -- binding ops --------------------------------------------------------------------------------
+_DEFAULT = {bool: bool_, int: i64, float: f32}
+# A Python scalar *argument* keeps its full precision until it meets a tensor, where a cast
+# rounds it once: lr=1e-3 in an f64 step is exactly 1e-3, not the nearest f32.
+_ARG_DEFAULT = {bool: bool_, int: i64, float: f64}
+
+
+def _py_kind(x: Any) -> type | None:
+    if isinstance(x, (bool, np.bool_)):
+        return bool
+    if isinstance(x, (int, np.integer)) and not isinstance(x, np.integer):
+        return int
+    if isinstance(x, float) and not isinstance(x, np.floating):
+        return float
+    return None
+
+
+def _fits(kind: type, d: DType) -> bool:
+    """Whether a weak Python scalar of `kind` may take dtype d (never float into an int)."""
+    return kind is bool or (kind is int and d.kind != "bool") or d.is_float
+
+
+class _Operand:
+    """One operand on its way into an op: a Value (trace), an array (eager) or a Python scalar
+    still waiting for its dtype."""
+
+    __slots__ = ("payload", "type", "weak")
+
+    def __init__(self, payload: Any, type: TensorType | None, weak: bool):
+        self.payload, self.type, self.weak = payload, type, weak
+
+
+def _operand(x: Any, trace: Trace | None) -> _Operand:
+    if isinstance(x, TracedTensor):
+        if trace is None or x.trace is not trace:
+            raise GraphoptError("a traced tensor was used outside the trace that made it (did a "
+                                "value escape a jitted function?)", loc=user_location())
+        return _Operand(x.value, x.type, x.weak)
+    if isinstance(x, Parameter):
+        return _Operand(trace.read_param(x), x.type, False) if trace else \
+            _Operand(x._value, x.type, False)
+    if isinstance(x, EagerTensor):
+        x = x.array
+    if _py_kind(x) is not None:
+        return _Operand(x, None, True)
+    if isinstance(x, (np.ndarray, np.generic)):
+        a = np.asarray(x)
+        try:
+            return _Operand(a, type_of_array(a), False)
+        except TypeError as e:
+            raise OpTypeError(str(e), loc=user_location()) from None
+    raise OpTypeError(f"cannot use a {type(x).__name__} as a tensor operand", loc=user_location())
+
+
+def _resolve_weak(opname: str, operands: list[_Operand], loc: Location | None) -> None:
+    """Give each weak operand a dtype: the dtype of the strong operands it meets (JAX's rule)."""
+    group = range(1, 3) if opname == "where" else range(len(operands))  # where's cond is apart
+    strong = [operands[i].type.dtype for i in group if not operands[i].weak]
+    typed_weak = [operands[i].type.dtype for i in group if operands[i].type is not None]
+    kinds = [_py_kind(operands[i].payload) for i in group if operands[i].type is None]
+    if strong:
+        target = strong[0]
+    elif typed_weak:
+        target = typed_weak[0]
+    else:
+        target = f32 if float in kinds else i64 if int in kinds else bool_
+    for i, o in enumerate(operands):
+        if not o.weak:
+            continue
+        d = target if i in group else None
+        kind = _py_kind(o.payload) if o.type is None else {"float": float, "int": int,
+                                                           "bool": bool}[o.type.dtype.kind]
+        if d is None:
+            d = o.type.dtype if o.type is not None else _DEFAULT[kind]
+        if not _fits(kind, d):
+            raise OpTypeError(f"{opname}: a Python {kind.__name__} cannot take the dtype {d} "
+                              f"of the tensor it meets; cast explicitly with .astype(...)",
+                              loc=loc)
+        if o.type is None:
+            o.type = TensorType((), d)
+        elif o.type.dtype != d:
+            o.payload = _cast(o, d)
+            o.type = TensorType(o.type.shape, d)
+
+
+def _cast(o: _Operand, d: DType) -> Any:
+    if isinstance(o.payload, Value):
+        return current_trace().graph.add_node("cast", [o.payload], {"dtype": d}).out
+    return np.asarray(o.payload).astype(d.np_dtype)
+
+
+def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
+    """Apply a registered op: add a node to the current trace, or compute it eagerly."""
+    op = get_op(opname)
+    attrs = dict(attrs or {})
+    loc = user_location()
+    trace = current_trace()
+    ops_in = [_operand(x, trace) for x in operands]
+    weak_result = op.category == ELEMENTWISE and bool(ops_in) and all(o.weak for o in ops_in)
+    _resolve_weak(opname, ops_in, loc)
+    types = [o.type for o in ops_in]
+    try:
+        out_types = op.infer(types, attrs)
+    except OpTypeError as e:
+        raise OpTypeError(e.message, loc=loc) from None
+    if trace is not None:
+        values = [o.payload if isinstance(o.payload, Value) else
+                  _constant(trace, o.payload, o.type, loc) for o in ops_in]
+        node = trace.graph.add_node(opname, values, attrs, loc=loc, out_types=out_types)
+        return TracedTensor(node.out, trace, weak_result)
+    arrays = [np.asarray(o.payload, dtype=o.type.dtype.np_dtype) for o in ops_in]
+    with np.errstate(all="ignore"):
+        return EagerTensor(evaluate(op, arrays, attrs, out_types)[0])
+
+
+def _constant(trace: Trace, x: Any, t: TensorType, loc: Location | None) -> Value:
+    value = x if _py_kind(x) is not None else np.asarray(x, dtype=t.dtype.np_dtype)
+    if isinstance(value, np.ndarray) and value.ndim == 0:
+        value = value.item()
+    if _py_kind(value) is not None:
+        value = {"float": float, "int": int, "bool": bool}[t.dtype.kind](value)
+    attrs = {"value": value, "shape": t.shape, "dtype": t.dtype}
+    return trace.graph.add_node("constant", [], attrs, loc=loc, out_types=[t]).out
+
+
+# -- assign ---------------------------------------------------------------------------------------
+def assign(param: Parameter, value: Any) -> None:
+    """At the end of the step, `param` holds `value`; reads after this see `value`."""
+    loc = user_location()
+    if not isinstance(param, Parameter):
+        raise AssignError(f"assign needs a graphopt.Parameter as its target, got "
+                          f"{type(param).__name__}", loc=loc)
+    trace = current_trace()
+    o = _operand(value, trace)
+    if o.weak and o.type is None:  # a Python scalar fills the parameter
+        kind = _py_kind(o.payload)
+        if not _fits(kind, param.dtype):
+            raise AssignError(f"assign to {param.name}: a Python {kind.__name__} cannot be "
+                              f"stored in a {param.dtype} parameter", loc=loc)
+        o.type = TensorType(param.shape, param.dtype)
+    elif o.weak and o.type.dtype != param.dtype and o.type.shape == param.shape:
+        o.payload, o.type = _cast(o, param.dtype), TensorType(o.type.shape, param.dtype)
+    if o.type != param.type:
+        raise AssignError(f"assign to {param.name}: the value is {o.type} but the parameter is "
+                          f"{param.type}", loc=loc)
+    if trace is None:
+        np.copyto(param._value, np.asarray(o.payload, dtype=param.dtype.np_dtype))
+        return
+    v = o.payload if isinstance(o.payload, Value) else _constant(trace, o.payload, o.type, loc)
+    trace.read_input(param)  # the parameter is an input of the graph even if never read
+    trace.assigned[id(param)] = (param, v, loc)
+
+
+def depend(x: Any, *after: Any) -> Tensor:
+    """x, ordered after the given tensors: an ordering edge with no data (eager: x itself)."""
+    trace = current_trace()
+    if trace is None:
+        return x if isinstance(x, Tensor) else EagerTensor(np.asarray(x))
+    loc = user_location()
+    o = _operand(x, trace)
+    if o.type is None:
+        o.type = TensorType((), _DEFAULT[_py_kind(o.payload)])
+    v = o.payload if isinstance(o.payload, Value) else _constant(trace, o.payload, o.type, loc)
+    edges = [_operand(a, trace).payload for a in after]
+    if not all(isinstance(e, Value) for e in edges):
+        raise GraphoptError("depend orders after traced tensors or Parameters only", loc=loc)
+    node = trace.graph.add_node("depend", [v], loc=loc, after=edges)
+    return TracedTensor(node.out, trace, o.weak)
+
+
+# -- tracing a function ---------------------------------------------------------------------------
+@dataclass
+class Traced:
+    """What a trace produced: the graph, and how to map user arguments and results onto it."""
+
+    graph: Graph
+    in_tree: pytree.TreeDef
+    out_tree: pytree.TreeDef
+    leaf_kinds: list[str]  # per input leaf: "arg", "param" or "none"
+    params: dict[str, Parameter]
+
+
+def bind_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
+    """The call's arguments by parameter name, as Python would bind them."""
+    try:
+        sig = inspect.signature(fn)
+    except (TypeError, ValueError):
+        return {f"arg{i}": a for i, a in enumerate(args)} | kwargs
+    try:
+        bound = sig.bind(*args, **kwargs)
+    except TypeError as e:
+        raise SignatureError(f"{getattr(fn, '__name__', 'step')}(): {e}") from None
+    return dict(bound.arguments)
+
+
+def leaf_spec(x: Any, path: str) -> tuple:
+    """The part of a signature one argument leaf contributes (values of scalars excluded)."""
+    if isinstance(x, Parameter):
+        return ("param", id(x))
+    if isinstance(x, EagerTensor):
+        x = x.array
+    kind = _py_kind(x)
+    if kind is not None:
+        return ("scalar", kind.__name__)
+    if isinstance(x, (np.ndarray, np.generic)):
+        try:
+            return ("array", x.shape, to_dtype(x.dtype).name)
+        except TypeError as e:
+            raise SignatureError(f"argument '{path}': {e}") from None
+    raise SignatureError(f"argument '{path}' is a {type(x).__name__}; a step takes numpy arrays, "
+                         f"Python scalars, Parameters, and lists/tuples/dicts of them")
+
+
+def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None) -> Traced:
+    name = pytree.ir_name(getattr(fn, "__name__", "step").strip("<>")) or "step"
+    arguments = bind_arguments(fn, args, kwargs or {})
+    leaves, paths, in_tree = pytree.flatten(arguments)
+    trace = Trace(name)
+    proxies, kinds, used = [], [], set()
+    for leaf, path in zip(leaves, paths):
+        spec = leaf_spec(leaf, path)
+        if spec[0] == "param":
+            proxies.append(leaf)
+            kinds.append("param")
+            continue
+        arg_name = pytree.ir_name(path)
+        while arg_name in used:
+            arg_name += "_"
+        used.add(arg_name)
+        if spec[0] == "scalar":
+            t, weak = TensorType((), _ARG_DEFAULT[_py_kind(leaf)]), True
+        else:
+            t, weak = type_of_array(np.asarray(leaf)), False
+        proxies.append(TracedTensor(trace.graph.add_input("arg", arg_name, t), trace, weak))
+        kinds.append("arg")
+    call_args = pytree.unflatten(in_tree, proxies)
+    _TRACES.append(trace)
+    try:
+        result = fn(**call_args) if _binds_by_name(fn) else fn(*call_args.values())
+        out_leaves, out_paths, out_tree = pytree.flatten(result)
+        outputs = []
+        for leaf, path in zip(out_leaves, out_paths):
+            o = _operand(leaf, trace)
+            if o.type is None:
+                o.type = TensorType((), _DEFAULT[_py_kind(o.payload)])
+            outputs.append(o.payload if isinstance(o.payload, Value) else
+                           _constant(trace, o.payload, o.type, None))
+    finally:
+        _TRACES.pop()
+    graph = trace.finish(outputs)
+    return Traced(graph, in_tree, out_tree, kinds, dict(trace.params))
+
+
+def _binds_by_name(fn: Callable) -> bool:
+    """Whether the bound arguments can be passed back by keyword (no *args, no positional-only)."""
+    try:
+        params = inspect.signature(fn).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+
+
+def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
+    """Trace `fn` on example arguments and return its Graph (verified)."""
+    return trace_function(fn, args, kwargs).graph.verify()

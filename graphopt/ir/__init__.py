@@ -1,0 +1,16 @@
+"""The IR: types, the op registry, Graph/Node/Value, text form, verifier, exports."""
+from . import opdefs as _opdefs  # noqa: F401  (fills the registry)
+from .graph import Graph, Location, Node, Value
+from .registry import REGISTRY, OpDef, get_op
+from .types import (DTYPES, DType, TensorType, TokenType, bf16, bool_, f16, f32, f64, i32, i64,
+                    to_dtype, token)
+
+__all__ = ["Graph", "Node", "Value", "Location", "OpDef", "REGISTRY", "get_op", "DType",
+           "TensorType", "TokenType", "token", "DTYPES", "to_dtype", "f16", "bf16", "f32", "f64",
+           "i32", "i64", "bool_", "parse"]
+
+
+def parse(text: str) -> Graph:
+    """Read a graph from its text form (the inverse of `str(graph)`)."""
+    from .parser import parse as _parse
+    return _parse(text)

@@ -1,0 +1,195 @@
+"""Graph, Node and Value: the functional IR that every part of graphopt reads and writes.
+
+A Graph has inputs (Values of kind `param` or `arg`), a list of Nodes in a valid topological
+order, and a return: output Values plus the effect tokens the return is ordered after (the
+DESIGN's `depend(outputs, every assign token)`, written `return %x after(%t0, %t1)`).
+
+A Node applies one registered op to input Values, with attributes, and defines output Values.
+Any node may carry `after` edges: pure ordering, no data. The tracer puts them on `assign`
+(write-after-read) and `depend`.
+"""
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+
+from .types import TensorType, Type
+
+if TYPE_CHECKING:
+    import graphviz
+    import networkx
+
+    from .registry import OpDef
+
+
+@dataclass(frozen=True)
+class Location:
+    """Where the user's code created a node: file and line."""
+
+    file: str
+    line: int
+
+    def full(self) -> str:
+        return f"{self.file}:{self.line}"
+
+    def __str__(self) -> str:
+        return f'loc("{os.path.basename(self.file)}":{self.line})'
+
+
+class Value:
+    """An SSA value: a graph input (kind `param` or `arg`, with a name) or a node's output."""
+
+    __slots__ = ("type", "node", "index", "kind", "name")
+
+    def __init__(self, type: Type, node: Node | None = None, index: int = 0,
+                 kind: str | None = None, name: str | None = None):
+        self.type = type
+        self.node = node  # the node that defines it; None for graph inputs
+        self.index = index
+        self.kind = kind  # "param", "arg", or None for node outputs
+        self.name = name
+
+    @property
+    def is_param(self) -> bool:
+        return self.kind == "param"
+
+    @property
+    def is_input(self) -> bool:
+        return self.kind is not None
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        assert isinstance(self.type, TensorType)
+        return self.type.shape
+
+    @property
+    def dtype(self):
+        assert isinstance(self.type, TensorType)
+        return self.type.dtype
+
+    def __repr__(self) -> str:
+        if self.kind == "param":
+            return f"<Value @{self.name}: {self.type}>"
+        if self.kind == "arg":
+            return f"<Value %{self.name}: {self.type}>"
+        return f"<Value {self.node.op}#{self.index}: {self.type}>" if self.node else "<Value>"
+
+
+class Node:
+    """One op applied to input Values; defines `outputs`. `after` edges order it, carry no data."""
+
+    __slots__ = ("op", "inputs", "attrs", "after", "outputs", "loc", "body")
+
+    def __init__(self, op: str, inputs: Sequence[Value], attrs: dict[str, Any] | None,
+                 out_types: Sequence[Type], after: Sequence[Value] = (),
+                 loc: Location | None = None, body: Graph | None = None):
+        self.op = op
+        self.inputs = list(inputs)
+        self.attrs = dict(attrs or {})
+        self.after = list(after)
+        self.outputs = [Value(t, self, i) for i, t in enumerate(out_types)]
+        self.loc = loc
+        self.body = body  # the region of a kernel node; None for every other op
+
+    @property
+    def opdef(self) -> OpDef:
+        from .registry import get_op
+        return get_op(self.op)
+
+    @property
+    def out(self) -> Value:
+        """The single output of a one-output node."""
+        assert len(self.outputs) == 1, f"{self.op} has {len(self.outputs)} outputs"
+        return self.outputs[0]
+
+    def operands(self) -> Iterator[Value]:
+        """Every value this node waits for: data inputs, then after edges."""
+        yield from self.inputs
+        yield from self.after
+
+    def __repr__(self) -> str:
+        return f"<Node {self.op} {[str(v.type) for v in self.outputs]}>"
+
+
+class Graph:
+    """A step as a graph: inputs, nodes in topological order, a return with its effects."""
+
+    def __init__(self, name: str = "main"):
+        self.name = name
+        self.inputs: list[Value] = []
+        self.nodes: list[Node] = []
+        self.outputs: list[Value] = []
+        self.effects: list[Value] = []  # tokens the return is ordered after
+
+    # -- building ---------------------------------------------------------------------------
+    def add_input(self, kind: str, name: str, type: Type) -> Value:
+        assert kind in ("param", "arg")
+        v = Value(type, kind=kind, name=name)
+        self.inputs.append(v)
+        return v
+
+    def add_node(self, op: str, inputs: Sequence[Value] = (), attrs: dict[str, Any] | None = None,
+                 *, after: Sequence[Value] = (), loc: Location | None = None,
+                 out_types: Sequence[Type] | None = None) -> Node:
+        """Append a node; its output types come from the op's type rule unless given."""
+        if out_types is None:
+            from .registry import get_op
+            out_types = get_op(op).infer([v.type for v in inputs], attrs or {})
+        node = Node(op, inputs, attrs, out_types, after, loc)
+        self.nodes.append(node)
+        return node
+
+    # -- reading ----------------------------------------------------------------------------
+    @property
+    def params(self) -> list[Value]:
+        return [v for v in self.inputs if v.kind == "param"]
+
+    @property
+    def args(self) -> list[Value]:
+        return [v for v in self.inputs if v.kind == "arg"]
+
+    def param(self, name: str) -> Value:
+        for v in self.inputs:
+            if v.kind == "param" and v.name == name:
+                return v
+        raise KeyError(f"graph {self.name} has no parameter @{name}")
+
+    def assigns(self) -> list[Node]:
+        return [n for n in self.nodes if n.op == "assign"]
+
+    def users(self) -> dict[Value, list[Node]]:
+        """For each value, the nodes that read it (data inputs or after edges)."""
+        uses: dict[Value, list[Node]] = {}
+        for n in self.nodes:
+            for v in n.operands():
+                uses.setdefault(v, []).append(n)
+        return uses
+
+    def returned(self) -> Iterable[Value]:
+        yield from self.outputs
+        yield from self.effects
+
+    # -- showing ----------------------------------------------------------------------------
+    def format(self, *, locs: bool = False) -> str:
+        from .printer import format_graph
+        return format_graph(self, locs=locs)
+
+    def __str__(self) -> str:
+        return self.format()
+
+    def __repr__(self) -> str:
+        return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes>"
+
+    def verify(self) -> Graph:
+        from .verifier import verify
+        verify(self)
+        return self
+
+    def to_dot(self) -> graphviz.Digraph:
+        from .export import to_dot
+        return to_dot(self)
+
+    def to_networkx(self) -> networkx.MultiDiGraph:
+        from .export import to_networkx
+        return to_networkx(self)

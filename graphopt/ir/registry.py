@@ -1,0 +1,98 @@
+"""The op registry: each op is declared once, with everything every part of graphopt needs.
+
+An `OpDef` holds the op's name, category, attribute names, type rule and numpy reference
+semantics. The tracer, verifier, interpreter, printer and parser read only this table; later
+parts (LLVM lowering, VJP rules) add fields to the same declaration. The declarations
+themselves live in `opdefs.py`.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Callable, Sequence
+
+import numpy as np
+
+from ..errors import GraphoptError, OpTypeError
+from .types import TensorType, Type
+
+# Categories that passes match on.
+ELEMENTWISE = "elementwise"
+REDUCTION = "reduction"
+SHAPE = "shape"
+LINALG = "linalg"
+CONSTANT = "constant"
+EFFECT = "effect"
+CONTROL = "control"
+CATEGORIES = (ELEMENTWISE, REDUCTION, SHAPE, LINALG, CONSTANT, EFFECT, CONTROL)
+
+
+@dataclass(frozen=True)
+class OpDef:
+    """One op. `infer(input_types, attrs) -> output types` raises OpTypeError on bad input;
+    `impl(*arrays, **attrs)` computes the result with numpy (None for effect/control ops,
+    which the interpreter handles itself)."""
+
+    name: str
+    category: str
+    infer: Callable[[Sequence[Type], dict[str, Any]], list[Type]]
+    impl: Callable[..., Any] | None = None
+    attrs: tuple[str, ...] = ()
+    # Attributes read off the printed result type instead of printed (shape, dtype).
+    type_attrs: tuple[str, ...] = ()
+    doc: str = ""
+    extra: dict[str, Any] = field(default_factory=dict)
+
+    @property
+    def is_pure(self) -> bool:
+        return self.category not in (EFFECT,)
+
+
+REGISTRY: dict[str, OpDef] = {}
+
+
+def register(op: OpDef) -> OpDef:
+    assert op.category in CATEGORIES, op.category
+    assert op.name not in REGISTRY, f"op {op.name} declared twice"
+    REGISTRY[op.name] = op
+    return op
+
+
+class UnknownOpError(GraphoptError, KeyError):
+    """An op name that the registry does not declare."""
+
+
+def get_op(name: str) -> OpDef:
+    try:
+        return REGISTRY[name]
+    except KeyError:
+        raise UnknownOpError(f"unknown op '{name}'; known ops: {', '.join(sorted(REGISTRY))}") \
+            from None
+
+
+def check_attrs(op: OpDef, attrs: dict[str, Any]) -> None:
+    extra = set(attrs) - set(op.attrs)
+    missing = set(op.attrs) - set(attrs)
+    if extra or missing:
+        parts = []
+        if missing:
+            parts.append(f"missing {', '.join(sorted(missing))}")
+        if extra:
+            parts.append(f"unknown {', '.join(sorted(extra))}")
+        raise OpTypeError(f"{op.name}: attributes {'; '.join(parts)} "
+                          f"(expects {', '.join(op.attrs) or 'none'})")
+
+
+def evaluate(op: OpDef, arrays: Sequence[np.ndarray], attrs: dict[str, Any],
+             out_types: Sequence[Type]) -> list[np.ndarray]:
+    """Run an op's numpy semantics and return arrays of exactly the declared output types."""
+    result = op.impl(*arrays, **attrs)
+    results = result if isinstance(result, tuple) else (result,)
+    out = []
+    for r, t in zip(results, out_types):
+        assert isinstance(t, TensorType)
+        a = np.asarray(r)
+        if a.dtype != t.dtype.np_dtype:
+            a = a.astype(t.dtype.np_dtype)
+        assert a.shape == t.shape, (op.name, a.shape, t.shape)
+        out.append(a)
+    return out

@@ -1,0 +1,108 @@
+"""dtypes and value types of the IR.
+
+A value is a tensor (`TensorType`: static shape and dtype; `()` is a scalar) or an effect token
+(`TokenType`, what `assign` yields). bf16 arrays use the `ml_dtypes` numpy extension type, the
+one JAX and TensorFlow use, so the interpreter can hold and compute bf16 like any other dtype.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import ml_dtypes
+import numpy as np
+
+
+@dataclass(frozen=True)
+class DType:
+    name: str  # the IR spelling: f32, i64, bool, ...
+    kind: str  # "float", "int" or "bool"
+    np_dtype: np.dtype
+
+    @property
+    def itemsize(self) -> int:
+        return self.np_dtype.itemsize
+
+    @property
+    def is_float(self) -> bool:
+        return self.kind == "float"
+
+    @property
+    def is_int(self) -> bool:
+        return self.kind == "int"
+
+    @property
+    def dtype(self) -> np.dtype:
+        # numpy accepts any object with a `.dtype` as a dtype: np.zeros(3, graphopt.f32) works.
+        return self.np_dtype
+
+    def __repr__(self) -> str:
+        return self.name
+
+    __str__ = __repr__
+
+
+f16 = DType("f16", "float", np.dtype(np.float16))
+bf16 = DType("bf16", "float", np.dtype(ml_dtypes.bfloat16))
+f32 = DType("f32", "float", np.dtype(np.float32))
+f64 = DType("f64", "float", np.dtype(np.float64))
+i32 = DType("i32", "int", np.dtype(np.int32))
+i64 = DType("i64", "int", np.dtype(np.int64))
+bool_ = DType("bool", "bool", np.dtype(np.bool_))
+
+DTYPES: dict[str, DType] = {d.name: d for d in (f16, bf16, f32, f64, i32, i64, bool_)}
+_BY_NUMPY = {d.np_dtype: d for d in DTYPES.values()}
+
+
+def to_dtype(x: object) -> DType:
+    """A DType from a DType, its IR name ("f32"), or anything numpy reads as a dtype."""
+    if isinstance(x, DType):
+        return x
+    if isinstance(x, str) and x in DTYPES:
+        return DTYPES[x]
+    try:
+        d = _BY_NUMPY.get(np.dtype(x))  # type: ignore[arg-type]
+    except TypeError:
+        d = None
+    if d is None:
+        raise TypeError(f"unsupported dtype {x!r}; graphopt has {', '.join(DTYPES)}")
+    return d
+
+
+@dataclass(frozen=True)
+class TensorType:
+    shape: tuple[int, ...]
+    dtype: DType
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+
+    @property
+    def ndim(self) -> int:
+        return len(self.shape)
+
+    @property
+    def size(self) -> int:
+        return int(np.prod(self.shape, dtype=np.int64))
+
+    @property
+    def nbytes(self) -> int:
+        return self.size * self.dtype.itemsize
+
+    def __str__(self) -> str:
+        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+@dataclass(frozen=True)
+class TokenType:
+    """The type of an effect token: no data, only an ordering."""
+
+    def __str__(self) -> str:
+        return "token"
+
+
+token = TokenType()
+Type = TensorType | TokenType
+
+
+def type_of_array(a: np.ndarray) -> TensorType:
+    return TensorType(a.shape, to_dtype(a.dtype))

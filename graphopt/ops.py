@@ -1,0 +1,162 @@
+"""graphopt's ops for step functions, with numpy's names.
+
+Each function binds one registered op (see graphopt/ir/opdefs.py): inside a trace it adds a
+node, in eager mode it computes the result with numpy. Operands may be tensors, Parameters,
+numpy arrays or Python scalars; Python scalars take the dtype of the tensor they meet.
+"""
+from __future__ import annotations
+
+import builtins
+from typing import Any, Sequence
+
+import numpy as np
+
+from .frontend.tensor import Tensor
+from .frontend.tracer import assign, bind, depend
+from .ir.types import f32, to_dtype
+
+__all__ = [
+    "add", "subtract", "multiply", "divide", "negative", "power", "sqrt", "rsqrt", "exp", "log",
+    "abs", "sign", "maximum", "minimum", "where", "isfinite", "less", "less_equal", "greater",
+    "greater_equal", "equal", "not_equal", "logical_and", "logical_or", "logical_not", "cast",
+    "sum", "max", "mean", "reshape", "broadcast_to", "transpose", "matmul", "full", "zeros",
+    "ones", "full_like", "zeros_like", "ones_like", "depend", "assign",
+]
+
+
+def _binary(name: str):
+    def op(x: Any, y: Any) -> Tensor:
+        return bind(name, [x, y])
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Elementwise {name} with numpy broadcasting."
+    return op
+
+
+def _unary(name: str):
+    def op(x: Any) -> Tensor:
+        return bind(name, [x])
+    op.__name__ = op.__qualname__ = name
+    op.__doc__ = f"Elementwise {name}."
+    return op
+
+
+add = _binary("add")
+subtract = _binary("subtract")
+multiply = _binary("multiply")
+divide = _binary("divide")
+power = _binary("power")
+maximum = _binary("maximum")
+minimum = _binary("minimum")
+less = _binary("less")
+less_equal = _binary("less_equal")
+greater = _binary("greater")
+greater_equal = _binary("greater_equal")
+equal = _binary("equal")
+not_equal = _binary("not_equal")
+logical_and = _binary("logical_and")
+logical_or = _binary("logical_or")
+negative = _unary("negative")
+abs = _unary("abs")
+sign = _unary("sign")
+sqrt = _unary("sqrt")
+rsqrt = _unary("rsqrt")
+exp = _unary("exp")
+log = _unary("log")
+isfinite = _unary("isfinite")
+logical_not = _unary("logical_not")
+
+
+def where(cond: Any, x: Any, y: Any) -> Tensor:
+    """x where cond is true, else y (the graph's way to choose; Python `if` cannot)."""
+    return bind("where", [cond, x, y])
+
+
+def cast(x: Any, dtype: Any) -> Tensor:
+    """x converted to dtype (also `x.astype(dtype)`)."""
+    return bind("cast", [x], {"dtype": to_dtype(dtype)})
+
+
+def _shape(x: Any) -> tuple[int, ...]:
+    return x.shape if isinstance(x, Tensor) else np.shape(x)
+
+
+def _axes(x: Any, axis: int | Sequence[int] | None) -> tuple[int, ...]:
+    ndim = len(_shape(x))
+    if axis is None:
+        return tuple(range(ndim))
+    axes = (axis,) if isinstance(axis, int) else tuple(axis)
+    return tuple(sorted(a + ndim if a < 0 else a for a in axes))
+
+
+def sum(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+    """Sum over `axis` (all axes by default)."""
+    return bind("sum", [x], {"axes": _axes(x, axis), "keepdims": bool(keepdims)})
+
+
+def max(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+    """Maximum over `axis` (all axes by default)."""
+    return bind("max", [x], {"axes": _axes(x, axis), "keepdims": bool(keepdims)})
+
+
+def mean(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
+    """Mean over `axis` (all axes by default); float dtypes only."""
+    return bind("mean", [x], {"axes": _axes(x, axis), "keepdims": bool(keepdims)})
+
+
+def reshape(x: Any, shape: int | Sequence[int]) -> Tensor:
+    """x with a new shape of the same size; one entry may be -1."""
+    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    if shape.count(-1) == 1:
+        known = int(np.prod([s for s in shape if s != -1]))
+        size = int(np.prod(_shape(x)))
+        if known and size % known == 0:
+            shape = tuple(size // known if s == -1 else s for s in shape)
+    return bind("reshape", [x], {"shape": shape})
+
+
+def broadcast_to(x: Any, shape: Sequence[int]) -> Tensor:
+    return bind("broadcast_to", [x], {"shape": tuple(int(s) for s in shape)})
+
+
+def transpose(x: Any, axes: Sequence[int] | None = None) -> Tensor:
+    """x with its axes permuted (reversed by default, like numpy)."""
+    ndim = len(_shape(x))
+    perm = tuple(reversed(range(ndim))) if axes is None else tuple(a % ndim if ndim else a
+                                                                   for a in axes)
+    return bind("transpose", [x], {"perm": perm})
+
+
+def matmul(x: Any, y: Any) -> Tensor:
+    """numpy.matmul: batched, 1-D operands promoted and the axis removed."""
+    return bind("matmul", [x, y])
+
+
+def full(shape: int | Sequence[int], value: builtins.float | int | bool, dtype: Any = f32) -> Tensor:
+    shape = (shape,) if isinstance(shape, int) else tuple(shape)
+    d = to_dtype(dtype)
+    value = {"float": builtins.float, "int": int, "bool": bool}[d.kind](value)
+    return bind("constant", [], {"value": value, "shape": shape, "dtype": d})
+
+
+def zeros(shape: int | Sequence[int], dtype: Any = f32) -> Tensor:
+    return full(shape, 0, dtype)
+
+
+def ones(shape: int | Sequence[int], dtype: Any = f32) -> Tensor:
+    return full(shape, 1, dtype)
+
+
+def full_like(x: Any, value: builtins.float | int | bool, dtype: Any = None) -> Tensor:
+    return full(_shape(x), value, dtype or _dtype(x))
+
+
+def zeros_like(x: Any, dtype: Any = None) -> Tensor:
+    return full_like(x, 0, dtype)
+
+
+def ones_like(x: Any, dtype: Any = None) -> Tensor:
+    return full_like(x, 1, dtype)
+
+
+def _dtype(x: Any):
+    return x.dtype if isinstance(x, Tensor) else to_dtype(np.asarray(x).dtype)
