@@ -13,6 +13,7 @@ import numpy as np
 
 from .frontend.tensor import Tensor
 from .frontend.tracer import assign, bind, depend
+from .ir.opdefs import constant_value
 from .ir.types import f32, to_dtype
 
 __all__ = [
@@ -134,8 +135,7 @@ def matmul(x: Any, y: Any) -> Tensor:
 def full(shape: int | Sequence[int], value: builtins.float | int | bool, dtype: Any = f32) -> Tensor:
     shape = (shape,) if isinstance(shape, int) else tuple(shape)
     d = to_dtype(dtype)
-    value = {"float": builtins.float, "int": int, "bool": bool}[d.kind](value)
-    return bind("constant", [], {"value": value, "shape": shape, "dtype": d})
+    return bind("constant", [], {"value": constant_value(value, d), "shape": shape, "dtype": d})
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = f32) -> Tensor:

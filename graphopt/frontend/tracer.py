@@ -21,6 +21,7 @@ import numpy as np
 from ..errors import AssignError, GraphoptError, OpTypeError, ParameterError, SignatureError
 from ..ir.analysis import live_nodes, producers, unordered_readers
 from ..ir.graph import Graph, Location, Value
+from ..ir.opdefs import constant_value
 from ..ir.registry import ELEMENTWISE, evaluate, get_op
 from ..ir.types import DType, TensorType, bool_, f32, f64, i64, to_dtype, type_of_array
 from . import pytree
@@ -180,13 +181,13 @@ def _resolve_weak(opname: str, operands: list[_Operand], loc: Location | None) -
         if o.type is None:
             o.type = TensorType((), d)
         elif o.type.dtype != d:
-            o.payload = _cast(o, d)
+            o.payload = _cast(o, d, loc)
             o.type = TensorType(o.type.shape, d)
 
 
-def _cast(o: _Operand, d: DType) -> Any:
+def _cast(o: _Operand, d: DType, loc: Location | None) -> Any:
     if isinstance(o.payload, Value):
-        return current_trace().graph.add_node("cast", [o.payload], {"dtype": d}).out
+        return current_trace().graph.add_node("cast", [o.payload], {"dtype": d}, loc=loc).out
     return np.asarray(o.payload).astype(d.np_dtype)
 
 
@@ -215,12 +216,7 @@ def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = No
 
 
 def _constant(trace: Trace, x: Any, t: TensorType, loc: Location | None) -> Value:
-    value = x if _py_kind(x) is not None else np.asarray(x, dtype=t.dtype.np_dtype)
-    if isinstance(value, np.ndarray) and value.ndim == 0:
-        value = value.item()
-    if _py_kind(value) is not None:
-        value = {"float": float, "int": int, "bool": bool}[t.dtype.kind](value)
-    attrs = {"value": value, "shape": t.shape, "dtype": t.dtype}
+    attrs = {"value": constant_value(x, t.dtype), "shape": t.shape, "dtype": t.dtype}
     return trace.graph.add_node("constant", [], attrs, loc=loc, out_types=[t]).out
 
 
@@ -240,7 +236,7 @@ def assign(param: Parameter, value: Any) -> None:
                               f"stored in a {param.dtype} parameter", loc=loc)
         o.type = TensorType(param.shape, param.dtype)
     elif o.weak and o.type.dtype != param.dtype and o.type.shape == param.shape:
-        o.payload, o.type = _cast(o, param.dtype), TensorType(o.type.shape, param.dtype)
+        o.payload, o.type = _cast(o, param.dtype, loc), TensorType(o.type.shape, param.dtype)
     if o.type != param.type:
         raise AssignError(f"assign to {param.name}: the value is {o.type} but the parameter is "
                           f"{param.type}", loc=loc)

@@ -23,8 +23,7 @@ import graphviz
 import networkx as nx
 
 from ..errors import GraphoptError, RenderError
-from .printer import Namer, format_attr
-from .registry import REGISTRY
+from .printer import Namer, format_attrs
 
 if TYPE_CHECKING:
     from .graph import Graph, Node, Value
@@ -47,14 +46,6 @@ def op_color(op: str) -> str:
 
 def _cut(text: str, limit: int = MAX_LABEL) -> str:
     return text if len(text) <= limit else text[: limit - 1] + "…"
-
-
-def _attrs_text(node: Node) -> str:
-    """The node's printed attributes (as in the text form), without those the type shows."""
-    op = REGISTRY.get(node.op)
-    hidden = op.type_attrs if op else ()
-    return ", ".join(f"{k}={format_attr(v)}" for k, v in sorted(node.attrs.items())
-                     if k not in hidden)
 
 
 # -- graphviz ---------------------------------------------------------------------------------
@@ -107,7 +98,7 @@ def _draw_region(dot: graphviz.Digraph, graph: Graph, prefix: str, top: bool) ->
                      penwidth="2", tooltip=tooltip)
         else:
             label = _cut(f"{results} = {node.op}" if results else node.op)
-            extra = _attrs_text(node)
+            extra = format_attrs(node)
             label += (NL + _cut(extra) if extra else "") + NL + _cut(types)
             style = dict(shape="box", style="filled,rounded", fillcolor=op_color(node.op),
                          tooltip=tooltip)

@@ -208,6 +208,17 @@ def _constant_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     return [t]
 
 
+def constant_value(value: Any, dtype: Any) -> Any:
+    """The canonical form of a constant's value: a Python scalar rounded to the dtype (a fill),
+    or an array of the dtype. Tracer, ops and parser all store values this way, so equal
+    constants have equal attributes."""
+    d = to_dtype(dtype)
+    if isinstance(value, (np.ndarray, list)) and np.ndim(value) > 0:
+        return np.array(value, dtype=d.np_dtype)
+    scalar = np.asarray(value).astype(d.np_dtype).item()
+    return {"float": float, "int": int, "bool": bool}[d.kind](scalar)
+
+
 def _constant_impl(value: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray:
     return np.array(np.broadcast_to(np.asarray(value), tuple(shape)), dtype=to_dtype(dtype).np_dtype)
 

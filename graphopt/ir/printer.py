@@ -23,10 +23,12 @@ import numpy as np
 
 from .graph import Graph, Node, Value
 from .registry import REGISTRY
-from .types import DType
+from .types import DType, to_dtype
 
 
-def format_scalar(x: Any) -> str:
+def format_scalar(x: Any, dtype: DType | None = None) -> str:
+    """A number as the text form writes it; a float of a known dtype in the shortest digits
+    that give the same value in that dtype (0.1, not 0.10000000149011612, for an f32)."""
     if isinstance(x, (bool, np.bool_)):
         return "true" if x else "false"
     if isinstance(x, (int, np.integer)):
@@ -37,22 +39,25 @@ def format_scalar(x: Any) -> str:
             return "nan"
         if math.isinf(f):
             return "inf" if f > 0 else "-inf"
-        return repr(f)
+        if dtype is None or dtype.name == "f64" or not dtype.is_float:
+            return repr(f)
+        text = str(dtype.np_dtype.type(f))
+        return text if any(c in text for c in ".e") else text + ".0"
     raise TypeError(f"cannot print {x!r} as a scalar")
 
 
-def format_attr(x: Any) -> str:
+def format_attr(x: Any, dtype: DType | None = None) -> str:
     if isinstance(x, DType):
         return x.name
     if isinstance(x, str):
         return json.dumps(x)
     if isinstance(x, (tuple, list)):
-        return "[" + ", ".join(format_attr(e) for e in x) + "]"
+        return "[" + ", ".join(format_attr(e, dtype) for e in x) + "]"
     if isinstance(x, np.ndarray):
         if x.dtype.kind == "V" or x.dtype.name == "bfloat16":
             x = x.astype(np.float64)  # bf16 scalars print through their exact f64 value
-        return format_attr(x.tolist()) if x.ndim else format_scalar(x.item())
-    return format_scalar(x)
+        return format_attr(x.tolist(), dtype) if x.ndim else format_scalar(x.item(), dtype)
+    return format_scalar(x, dtype)
 
 
 class Namer:
@@ -78,18 +83,25 @@ class Namer:
         return self.names.get(v) or self.define(v)
 
 
+def format_attrs(node: Node) -> str:
+    """`k=v, ...` in the op's declared order, leaving out what the result type shows."""
+    op = REGISTRY.get(node.op)  # a broken graph may name an unknown op; print it anyway
+    hidden = op.type_attrs if op else ()
+    order = list(op.attrs) if op else []
+    keys = [k for k in order if k in node.attrs] + sorted(k for k in node.attrs if k not in order)
+    # An op whose dtype is a type attribute (constant) holds numbers of that dtype.
+    dtype = to_dtype(node.attrs["dtype"]) if "dtype" in hidden and "dtype" in node.attrs else None
+    return ", ".join(f"{k}={format_attr(node.attrs[k], dtype)}" for k in keys if k not in hidden)
+
+
 def format_node(node: Node, name: Namer, *, locs: bool = False) -> str:
     results = ", ".join(name.define(v) for v in node.outputs)
     parts = [f"{results} = {node.op}" if results else node.op]
     if node.inputs:
         parts.append(", ".join(name(v) for v in node.inputs))
-    op = REGISTRY.get(node.op)  # a broken graph may name an unknown op; print it anyway
-    hidden = op.type_attrs if op else ()
-    order = list(op.attrs) if op else []
-    keys = [k for k in order if k in node.attrs] + sorted(k for k in node.attrs if k not in order)
-    shown = [f"{k}={format_attr(node.attrs[k])}" for k in keys if k not in hidden]
-    if shown:
-        parts.append("{" + ", ".join(shown) + "}")
+    attrs = format_attrs(node)
+    if attrs:
+        parts.append("{" + attrs + "}")
     if node.after:
         parts.append("after(" + ", ".join(name(v) for v in node.after) + ")")
     line = " ".join(parts) + " : " + ", ".join(str(v.type) for v in node.outputs)

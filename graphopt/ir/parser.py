@@ -1,0 +1,360 @@
+"""Read the text form of a graph back into a Graph: the inverse of printer.py.
+
+`parse(str(g))` prints exactly as `g` does. The text is read in two steps: a tokenizer cuts it
+into tokens (names, %values, numbers, strings, punctuation, ends of lines), then a recursive
+descent parser, one method per grammar rule, builds the Graph. Grammar (EBNF; whitespace and
+`#` comments are skipped between tokens, but the end of a line ends a statement):
+
+    graph      = NL* "graph" (NAME | STRING) "{" NL+ body "}" NL* EOF ;
+    body       = { (input | node) NL+ } return NL+ ;
+    input      = ("param" PARAM | "arg" ARG) ":" type ;
+    node       = [ ARG { "," ARG } "=" ] NAME [ values ] [ attrs ] [ after ] ":" [ types ] [ loc ] ;
+    return     = "return" [ values ] [ after ] ;
+    values     = value { "," value } ;                  value = PARAM | ARG ;
+    after      = "after" "(" [ values ] ")" ;
+    attrs      = "{" [ NAME "=" attr { "," NAME "=" attr } ] "}" ;
+    attr       = "true" | "false" | NUMBER | "nan" | "inf" | dtype | STRING
+               | "[" [ attr { "," attr } ] "]" ;
+    types      = type { "," type } ;
+    type       = "token" | dtype "[" [ INT { "," INT } ] "]" ;
+    dtype      = "f16" | "bf16" | "f32" | "f64" | "i32" | "i64" | "bool" ;
+    loc        = "loc" "(" STRING ":" INT ")" ;
+    PARAM      = "@" (ident | STRING) ;                 ARG = "%" (ident | STRING) ;
+    ident      = { letter | digit | "_" | "." }- ;
+    NAME       = (letter | "_") { letter | digit | "_" | "." } ;
+    NUMBER     = INT | FLOAT | "-inf" ;                 STRING = a JSON string literal ;
+
+Names are looked up only after the whole graph is read, so text may use a value before the
+line that defines it (or make a cycle): the parser builds such a graph and the verifier, not
+the parser, rejects it. Every other mistake raises ParseError with the line and column.
+"""
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from typing import Any
+
+import numpy as np
+
+from ..errors import ParseError
+from .graph import Graph, Location, Node, Value
+from .registry import REGISTRY
+from .types import DTYPES, TensorType, Type, token
+
+_STRING = r'"(?:[^"\\\n]|\\.)*"'
+_TOKEN = re.compile(rf"""
+    (?P<SKIP>[ \t\r]+|\#[^\n]*)
+  | (?P<NL>\n)
+  | (?P<STRING>{_STRING})
+  | (?P<VALUE>[%@](?:[\w.]+|{_STRING}))
+  | (?P<NUMBER>-inf(?![\w.])|-?\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)
+  | (?P<NAME>[A-Za-z_][\w.]*)
+  | (?P<PUNCT>[=,:{{}}\[\]()])
+""", re.VERBOSE)
+
+# Bare words an attribute value may be, besides the dtype names.
+_WORDS = {"true": True, "false": False, "nan": float("nan"), "inf": float("inf")}
+
+
+@dataclass(frozen=True)
+class Token:
+    kind: str  # NL, STRING, VALUE, NUMBER, NAME, PUNCT or EOF
+    text: str
+    line: int  # 1-based, like the column: what editors show
+    col: int
+
+
+def parse(text: str) -> Graph:
+    """Read a graph from its text form; raise ParseError (with line and column) if malformed."""
+    return _Parser(text).graph()
+
+
+class _Parser:
+    def __init__(self, text: str):
+        self.lines = text.split("\n")
+        self.tokens = self._tokenize(text)
+        self.pos = 0
+
+    # -- tokens ---------------------------------------------------------------------------------
+    def _tokenize(self, text: str) -> list[Token]:
+        tokens, line, line_start, pos = [], 1, 0, 0
+        while pos < len(text):
+            m = _TOKEN.match(text, pos)
+            col = pos - line_start + 1
+            if m is None:
+                what = "unterminated string" if text[pos] == '"' else f"unexpected {text[pos]!r}"
+                raise self.error(what, Token("?", "", line, col))
+            if m.lastgroup != "SKIP":
+                tokens.append(Token(m.lastgroup, m.group(), line, col))
+            if m.lastgroup == "NL":
+                line, line_start = line + 1, m.end()
+            pos = m.end()
+        tokens.append(Token("EOF", "", line, pos - line_start + 1))
+        return tokens
+
+    def error(self, message: str, tok: Token) -> ParseError:
+        return ParseError(message, tok.line, tok.col, self.lines[tok.line - 1])
+
+    def peek(self) -> Token:
+        return self.tokens[self.pos]
+
+    def next(self) -> Token:
+        tok = self.tokens[self.pos]
+        self.pos += tok.kind != "EOF"  # EOF stays put, so errors at the end have a token
+        return tok
+
+    def at(self, text: str) -> bool:
+        """Is the next token this punctuation or keyword? (Strings and %names never match.)"""
+        tok = self.peek()
+        return tok.kind in ("PUNCT", "NAME") and tok.text == text
+
+    def accept(self, text: str) -> bool:
+        if self.at(text):
+            self.next()
+            return True
+        return False
+
+    def expect(self, text: str, context: str = "") -> Token:
+        if not self.at(text):
+            raise self.error(f"expected '{text}'{context}, found {_show(self.peek())}", self.peek())
+        return self.next()
+
+    def expect_kind(self, kind: str, what: str) -> Token:
+        if self.peek().kind != kind:
+            raise self.error(f"expected {what}, found {_show(self.peek())}", self.peek())
+        return self.next()
+
+    def end_of_line(self) -> None:
+        """A statement ends at the end of its line; blank and comment lines may follow."""
+        if self.peek().kind != "NL":
+            raise self.error(f"expected the end of the line, found {_show(self.peek())}",
+                             self.peek())
+        self.skip_newlines()
+
+    def skip_newlines(self) -> None:
+        while self.peek().kind == "NL":
+            self.next()
+
+    # -- graph structure ------------------------------------------------------------------------
+    def graph(self) -> Graph:
+        self.skip_newlines()
+        self.expect("graph")
+        tok = self.next()
+        if tok.kind not in ("NAME", "STRING"):
+            raise self.error(f"expected the graph's name, found {_show(tok)}", tok)
+        graph = Graph(json.loads(tok.text) if tok.kind == "STRING" else tok.text)
+        self.expect("{")
+        self.end_of_line()
+        self.body(graph)
+        self.skip_newlines()
+        if self.peek().kind != "EOF":
+            raise self.error(f"expected the end of the text, found {_show(self.peek())}",
+                             self.peek())
+        return graph
+
+    def body(self, graph: Graph) -> None:
+        """Read input and node lines into `graph` up to and including its closing `}`.
+
+        A kernel node's region is a body too (its own inputs, nodes and return, its own names),
+        so when kernels arrive, `node` calls this method again on the kernel's body graph."""
+        names: dict[str, Value] = {}
+        uses: list[tuple[list[Value], list[Token]]] = []  # resolved once every line is read
+        self.skip_newlines()
+        while not self.at("return"):
+            if self.at("}") or self.peek().kind == "EOF":
+                raise self.error("expected 'return' before the end of the graph", self.peek())
+            if self.at("param") or self.at("arg"):
+                tok, value = self.input(graph)
+                self.define(names, tok, value)
+            else:
+                results, node, operands = self.node(graph)
+                for tok, value in zip(results, node.outputs):
+                    self.define(names, tok, value)
+                uses += [(node.inputs, operands[0]), (node.after, operands[1])]
+            self.end_of_line()
+        self.expect("return")
+        uses.append((graph.outputs, self.values() if self.peek().kind == "VALUE" else []))
+        uses.append((graph.effects, self.after() if self.at("after") else []))
+        self.end_of_line()
+        self.expect("}")
+        for target, toks in uses:
+            for tok in toks:
+                if _key(tok) not in names:
+                    raise self.error(f"undefined value {tok.text}", tok)
+                target.append(names[_key(tok)])
+
+    def define(self, names: dict[str, Value], tok: Token, value: Value) -> None:
+        if _key(tok) in names:
+            raise self.error(f"{tok.text} is defined twice", tok)
+        names[_key(tok)] = value
+
+    def input(self, graph: Graph) -> tuple[Token, Value]:
+        kind = self.next().text
+        sigil = "@" if kind == "param" else "%"
+        tok = self.expect_kind("VALUE", f"a {sigil}name after '{kind}'")
+        if tok.text[0] != sigil:
+            raise self.error(f"{kind} names start with '{sigil}', found {tok.text}", tok)
+        self.expect(":")
+        return tok, graph.add_input(kind, _key(tok)[1:], self.type())
+
+    def node(self, graph: Graph) -> tuple[list[Token], Node, tuple[list[Token], list[Token]]]:
+        """One node line. Returns its result names, the node (inputs and after edges still
+        empty) and the tokens naming its inputs and after edges, for `body` to resolve."""
+        results = self.values() if self.peek().kind == "VALUE" else []
+        for tok in results:
+            if tok.text[0] != "%":
+                raise self.error(f"a node defines %names, not {tok.text}", tok)
+        if results:
+            self.expect("=", " after the names a node defines")
+        op_tok = self.expect_kind("NAME", "an op name")
+        op = REGISTRY.get(op_tok.text)
+        if op is None:
+            raise self.error(f"unknown op '{op_tok.text}'", op_tok)
+        inputs = self.values() if self.peek().kind == "VALUE" else []
+        raw_attrs = self.attrs() if self.at("{") else {}
+        after = self.after() if self.at("after") else []
+        colon = self.expect(":", " before the result types")
+        # No types means no results; "{" is kept free for the region a kernel node will have.
+        ends = self.peek().kind in ("NL", "EOF") or self.at("loc") or self.at("{")
+        types = [] if ends else self.types()
+        loc = self.loc() if self.at("loc") else None
+        # (A kernel node will continue here: "{" NL, then self.body(Graph()) for its region.)
+        if len(types) != len(results):
+            raise self.error(f"{len(results)} result name(s) but {len(types)} type(s)", colon)
+        typed = bool(op.type_attrs)  # constant: attributes read off the result type
+        if typed and (len(types) != 1 or not isinstance(types[0], TensorType)):
+            raise self.error(f"{op.name} has one tensor result", colon)
+        attrs = {name: self.attr_data(tok, value, types if typed else None)
+                 for name, (_, tok, value) in raw_attrs.items()}
+        for name in op.type_attrs:
+            # A constant's shape and dtype are not printed: they are read off the result type,
+            # so the text never says the same thing twice.
+            if name in attrs:
+                raise self.error(f"{op.name}'s '{name}' is given by the result type; "
+                                 f"do not write it", raw_attrs[name][0])
+            attrs[name] = getattr(types[0], name)
+        node = graph.add_node(op.name, (), attrs, loc=loc, out_types=types)
+        return results, node, (inputs, after)
+
+    def attr_data(self, tok: Token, value: Any, types: list[Type] | None) -> Any:
+        """The attribute a parsed value stands for. Lists become tuples (axes, shape, perm are
+        tuples of int), except in an op typed by its attributes (`types` given: constant),
+        where a list is array data of the result type."""
+        if not isinstance(value, list):
+            return value
+        if types is None:
+            return _tuples(value)
+        t = types[0]
+        try:
+            a = np.array(value, dtype=t.dtype.np_dtype)
+        except (ValueError, TypeError) as e:
+            raise self.error(f"this value is not an array of {t.dtype}: {e}", tok) from None
+        # [] prints for every empty array, whatever its shape; give it the shape of the type.
+        return a.reshape(t.shape) if a.size == 0 == t.size else a
+
+    def values(self) -> list[Token]:
+        toks = [self.expect_kind("VALUE", "a %name or @name")]
+        while self.accept(","):
+            toks.append(self.expect_kind("VALUE", "a %name or @name"))
+        return toks
+
+    def after(self) -> list[Token]:
+        self.expect("after")
+        self.expect("(")
+        toks = self.values() if self.peek().kind == "VALUE" else []
+        self.expect(")", " to close after(...)")
+        return toks
+
+    def loc(self) -> Location:
+        self.expect("loc")
+        self.expect("(")
+        file = json.loads(self.expect_kind("STRING", "a quoted file name").text)
+        self.expect(":")
+        line = self.integer("a line number")
+        self.expect(")")
+        return Location(file, line)
+
+    # -- attributes -----------------------------------------------------------------------------
+    def attrs(self) -> dict[str, Any]:
+        """`{k=v, ...}` as {k: (token of k, token of v, v)}, to place errors found later."""
+        self.expect("{")
+        attrs: dict[str, Any] = {}
+        while not self.accept("}"):
+            if attrs:
+                self.expect(",", " or '}' in the attribute dict")
+            key = self.expect_kind("NAME", "an attribute name")
+            if key.text in attrs:
+                raise self.error(f"attribute '{key.text}' given twice", key)
+            self.expect("=", f" after attribute name '{key.text}'")
+            attrs[key.text] = (key, self.peek(), self.attr())
+        return attrs
+
+    def attr(self) -> Any:
+        tok = self.next()
+        if tok.kind == "NUMBER":
+            return _number(tok.text)
+        if tok.kind == "STRING":
+            return json.loads(tok.text)
+        if tok.kind == "NAME" and tok.text in _WORDS:
+            return _WORDS[tok.text]
+        if tok.kind == "NAME" and tok.text in DTYPES:
+            return DTYPES[tok.text]
+        if tok.kind == "NAME":
+            raise self.error(f"unknown dtype or attribute value '{tok.text}' (dtypes: "
+                             f"{', '.join(DTYPES)}; other words: {', '.join(_WORDS)})", tok)
+        if tok.text == "[":
+            items: list[Any] = []
+            while not self.accept("]"):
+                if items:
+                    self.expect(",", " or ']' in the list")
+                items.append(self.attr())
+            return items
+        raise self.error(f"expected an attribute value, found {_show(tok)}", tok)
+
+    # -- types ----------------------------------------------------------------------------------
+    def types(self) -> list[Type]:
+        types = [self.type()]
+        while self.accept(","):
+            types.append(self.type())
+        return types
+
+    def type(self) -> Type:
+        tok = self.expect_kind("NAME", "a type such as f32[4,3] or token")
+        if tok.text == "token":
+            return token
+        if tok.text not in DTYPES:
+            raise self.error(f"unknown dtype '{tok.text}' (graphopt has {', '.join(DTYPES)})",
+                             tok)
+        self.expect("[", f" after dtype {tok.text}")
+        shape: list[int] = []
+        while not self.accept("]"):
+            if shape:
+                self.expect(",", " or ']' in the shape")
+            shape.append(self.integer("a dimension (an integer >= 0)"))
+        return TensorType(tuple(shape), DTYPES[tok.text])
+
+    def integer(self, what: str) -> int:
+        tok = self.peek()
+        if tok.kind != "NUMBER" or not re.fullmatch(r"\d+", tok.text):
+            raise self.error(f"expected {what}, found {_show(tok)}", tok)
+        return int(self.next().text)
+
+
+def _key(tok: Token) -> str:
+    """The name a %name or @name token defines or uses: `%"a b"` and `%a` spellings agree."""
+    rest = tok.text[1:]
+    return tok.text[0] + (json.loads(rest) if rest.startswith('"') else rest)
+
+
+def _number(text: str) -> int | float:
+    return float(text) if any(c in text for c in ".eEi") else int(text)
+
+
+def _tuples(x: Any) -> Any:
+    return tuple(_tuples(e) for e in x) if isinstance(x, list) else x
+
+
+def _show(tok: Token) -> str:
+    ends = {"NL": "the end of the line", "EOF": "the end of the text"}
+    return ends.get(tok.kind, repr(tok.text))
