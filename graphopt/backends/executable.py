@@ -47,10 +47,12 @@ class Executable:
             inputs[v] = _checked_array(leaf, v.type, path)
         start = time.perf_counter()
         outputs, updates = self._backend.run(self.graph, inputs)
+        # Results are copies, taken before the commit: an output may be a view of a parameter
+        # buffer (`p.T` read before `assign(p, ...)`) or of an argument.
+        results = [np.array(o) for o in outputs]
         self._commit(updates)
         self.last_step_seconds = time.perf_counter() - start
-        # Results are copies: an output may be a view of a parameter buffer or of an argument.
-        return pytree.unflatten(self._out_tree, [np.array(o) for o in outputs])
+        return pytree.unflatten(self._out_tree, results)
 
     def _param_arrays(self):
         for v, p in self.param_inputs:

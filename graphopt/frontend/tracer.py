@@ -19,7 +19,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import AssignError, GraphoptError, OpTypeError, ParameterError, SignatureError
-from ..ir.analysis import live_nodes, producers, unordered_readers
+from ..ir.analysis import producers, unordered_readers
 from ..ir.graph import Graph, Location, Value
 from ..ir.opdefs import constant_value
 from ..ir.registry import ELEMENTWISE, evaluate, get_op
@@ -62,29 +62,21 @@ class Trace:
     def read_param(self, p: Parameter) -> Value:
         if id(p) in self.assigned:
             return self.assigned[id(p)][1]  # read after assign: the new value
-        if id(p) not in self.param_inputs:
-            other = self.params.get(p.name)
-            if other is not None and other is not p:
-                raise ParameterError(f"two different Parameters are named '{p.name}' in one "
-                                     f"graph; give each a distinct name", loc=user_location())
-            self.params[p.name] = p
-            self.param_inputs[id(p)] = self.graph.add_input("param", p.name, p.type)
-        return self.param_inputs[id(p)]
+        return self.read_input(p)
 
     def finish(self, outputs: list[Value]) -> Graph:
-        """Emit one assign per assigned parameter, ordered after the live readers of @p."""
+        """Emit one assign per assigned parameter, ordered after the readers of @p."""
         g = self.graph
         g.outputs = outputs
-        roots = outputs + [v for _, v, _ in self.assigned.values()]
-        live = live_nodes(g, roots)
         producer = producers(g)
         index = {id(n): i for i, n in enumerate(g.nodes)}
+        # Dead readers too: the verifier checks every node that reads @p, and a backend that
+        # runs every node must not let a dead one read a buffer its assign already overwrote.
         readers: dict[Value, list] = {}
         for n in g.nodes:
-            if id(n) in live:
-                for v in n.inputs:
-                    if v.kind == "param":
-                        readers.setdefault(v, []).append(n)
+            for v in n.inputs:
+                if v.kind == "param":
+                    readers.setdefault(v, []).append(n)
         for p, value, loc in self.assigned.values():
             target = self.read_input(p)
             late = unordered_readers([value], readers.get(target, []), producer, index)
@@ -94,9 +86,14 @@ class Trace:
         return g
 
     def read_input(self, p: Parameter) -> Value:
-        if id(p) not in self.param_inputs:  # assigned but never read: still an input
-            self.param_inputs[id(p)] = self.graph.add_input("param", p.name, p.type)
+        """The @name input of p (made on first use, by a read or by an assign)."""
+        if id(p) not in self.param_inputs:
+            other = self.params.get(p.name)
+            if other is not None and other is not p:
+                raise ParameterError(f"two different Parameters are named '{p.name}' in one "
+                                     f"graph; give each a distinct name", loc=user_location())
             self.params[p.name] = p
+            self.param_inputs[id(p)] = self.graph.add_input("param", p.name, p.type)
         return self.param_inputs[id(p)]
 
 
@@ -212,7 +209,10 @@ def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = No
         return TracedTensor(node.out, trace, weak_result)
     arrays = [np.asarray(o.payload, dtype=o.type.dtype.np_dtype) for o in ops_in]
     with np.errstate(all="ignore"):
-        return EagerTensor(evaluate(op, arrays, attrs, out_types)[0])
+        out = evaluate(op, arrays, attrs, out_types)[0]
+    # A shape op returns a view; of a Parameter's buffer, a later eager assign would change it,
+    # where the traced step keeps the value it read.
+    return EagerTensor(out if out.flags.owndata else out.copy())
 
 
 def _constant(trace: Trace, x: Any, t: TensorType, loc: Location | None) -> Value:
@@ -244,7 +244,12 @@ def assign(param: Parameter, value: Any) -> None:
         np.copyto(param._value, np.asarray(o.payload, dtype=param.dtype.np_dtype))
         return
     v = o.payload if isinstance(o.payload, Value) else _constant(trace, o.payload, o.type, loc)
-    trace.read_input(param)  # the parameter is an input of the graph even if never read
+    target = trace.read_input(param)  # the parameter is an input of the graph even if never read
+    if v.kind == "param" and v is not target:
+        # `assign(a, b)` with b's old value: read @b in a node of its own, which the assign of
+        # @b can be ordered after. An assign reading @b directly could not be, and two such
+        # assigns (a swap through a temporary Parameter) would have to be ordered both ways.
+        v = trace.graph.add_node("depend", [v], loc=loc).out
     trace.assigned[id(param)] = (param, v, loc)
 
 
@@ -252,6 +257,8 @@ def depend(x: Any, *after: Any) -> Tensor:
     """x, ordered after the given tensors: an ordering edge with no data (eager: x itself)."""
     trace = current_trace()
     if trace is None:
+        if isinstance(x, Parameter):  # its value now, as a traced depend reads @p's value now
+            return EagerTensor(x.numpy())
         return x if isinstance(x, Tensor) else EagerTensor(np.asarray(x))
     loc = user_location()
     o = _operand(x, trace)

@@ -33,7 +33,7 @@ from __future__ import annotations
 import json
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Callable, TypeVar
 
 import numpy as np
 
@@ -52,6 +52,8 @@ _TOKEN = re.compile(rf"""
   | (?P<NAME>[A-Za-z_][\w.]*)
   | (?P<PUNCT>[=,:{{}}\[\]()])
 """, re.VERBOSE)
+
+X = TypeVar("X")
 
 # Bare words an attribute value may be, besides the dtype names.
 _WORDS = {"true": True, "false": False, "nan": float("nan"), "inf": float("inf")}
@@ -125,11 +127,25 @@ class _Parser:
             raise self.error(f"expected {what}, found {_show(self.peek())}", self.peek())
         return self.next()
 
+    def commas(self, item: Callable[[], X]) -> list[X]:
+        """`item { "," item }`: a list that ends where the next token is not a comma."""
+        items = [item()]
+        while self.accept(","):
+            items.append(item())
+        return items
+
+    def until(self, close: str, item: Callable[[], X], where: str) -> list[X]:
+        """`[ item { "," item } ] close`: the rest of a bracketed list, maybe empty."""
+        items: list[X] = []
+        while not self.accept(close):
+            if items:
+                self.expect(",", f" or '{close}' {where}")
+            items.append(item())
+        return items
+
     def end_of_line(self) -> None:
         """A statement ends at the end of its line; blank and comment lines may follow."""
-        if self.peek().kind != "NL":
-            raise self.error(f"expected the end of the line, found {_show(self.peek())}",
-                             self.peek())
+        self.expect_kind("NL", "the end of the line")
         self.skip_newlines()
 
     def skip_newlines(self) -> None:
@@ -148,9 +164,7 @@ class _Parser:
         self.end_of_line()
         self.body(graph)
         self.skip_newlines()
-        if self.peek().kind != "EOF":
-            raise self.error(f"expected the end of the text, found {_show(self.peek())}",
-                             self.peek())
+        self.expect_kind("EOF", "the end of the text")
         return graph
 
     def body(self, graph: Graph) -> None:
@@ -217,7 +231,7 @@ class _Parser:
         colon = self.expect(":", " before the result types")
         # No types means no results; "{" is kept free for the region a kernel node will have.
         ends = self.peek().kind in ("NL", "EOF") or self.at("loc") or self.at("{")
-        types = [] if ends else self.types()
+        types = [] if ends else self.commas(self.type)
         loc = self.loc() if self.at("loc") else None
         # (A kernel node will continue here: "{" NL, then self.body(Graph()) for its region.)
         if len(types) != len(results):
@@ -254,10 +268,7 @@ class _Parser:
         return a.reshape(t.shape) if a.size == 0 == t.size else a
 
     def values(self) -> list[Token]:
-        toks = [self.expect_kind("VALUE", "a %name or @name")]
-        while self.accept(","):
-            toks.append(self.expect_kind("VALUE", "a %name or @name"))
-        return toks
+        return self.commas(lambda: self.expect_kind("VALUE", "a %name or @name"))
 
     def after(self) -> list[Token]:
         self.expect("after")
@@ -304,21 +315,10 @@ class _Parser:
             raise self.error(f"unknown dtype or attribute value '{tok.text}' (dtypes: "
                              f"{', '.join(DTYPES)}; other words: {', '.join(_WORDS)})", tok)
         if tok.text == "[":
-            items: list[Any] = []
-            while not self.accept("]"):
-                if items:
-                    self.expect(",", " or ']' in the list")
-                items.append(self.attr())
-            return items
+            return self.until("]", self.attr, "in the list")
         raise self.error(f"expected an attribute value, found {_show(tok)}", tok)
 
     # -- types ----------------------------------------------------------------------------------
-    def types(self) -> list[Type]:
-        types = [self.type()]
-        while self.accept(","):
-            types.append(self.type())
-        return types
-
     def type(self) -> Type:
         tok = self.expect_kind("NAME", "a type such as f32[4,3] or token")
         if tok.text == "token":
@@ -327,11 +327,8 @@ class _Parser:
             raise self.error(f"unknown dtype '{tok.text}' (graphopt has {', '.join(DTYPES)})",
                              tok)
         self.expect("[", f" after dtype {tok.text}")
-        shape: list[int] = []
-        while not self.accept("]"):
-            if shape:
-                self.expect(",", " or ']' in the shape")
-            shape.append(self.integer("a dimension (an integer >= 0)"))
+        shape = self.until("]", lambda: self.integer("a dimension (an integer >= 0)"),
+                           "in the shape")
         return TensorType(tuple(shape), DTYPES[tok.text])
 
     def integer(self, what: str) -> int:

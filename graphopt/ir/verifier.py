@@ -110,6 +110,8 @@ def _check_assigns(graph: Graph, fail) -> None:
         if target in assigned:
             fail("one-assign", n, f"@{target.name} is assigned more than once")
         assigned.add(target)
+    for n in graph.assigns():
+        target = n.inputs[0]
         unordered = unordered_readers(n.operands(), readers.get(target, []), producer, index)
         if unordered:
             fail("write-after-read", unordered[0], f"this node reads @{target.name} but is not "

@@ -1,0 +1,1 @@
+"""Optimizers, schedules, loss scaling and gradient accumulation live here."""

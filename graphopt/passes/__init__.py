@@ -1,0 +1,1 @@
+"""Passes that rewrite a Graph (the pass manager, DCE, CSE, folding, fusion) live here."""

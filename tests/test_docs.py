@@ -1,0 +1,35 @@
+"""The Python blocks of the tutorial run, in order, as they are."""
+import re
+from pathlib import Path
+
+import numpy as np
+
+DOCS = Path(__file__).parent.parent / "docs"
+
+
+def python_blocks(path: Path) -> list[str]:
+    return re.findall(r"```python\n(.*?)```", path.read_text(), flags=re.S)
+
+
+def test_tutorial_runs(capsys):
+    blocks = python_blocks(DOCS / "tutorial.md")
+    assert len(blocks) >= 6
+    scope: dict = {}
+    for block in blocks:
+        exec(compile(block, "tutorial.md", "exec"), scope)
+    out = capsys.readouterr().out
+    # The values the tutorial states in its comments are what the code prints.
+    assert "[ 0.84 -2.16  2.84]" in out and "[ 0.8 -2.2  2.8]" in out
+    assert "traces=1, compiles=1, hits=2" in out
+    np.testing.assert_allclose(scope["w"].numpy(), [0.8, -2.2, 2.8], rtol=1e-6)
+
+
+def test_tutorial_shows_the_printed_graph(capsys):
+    blocks = python_blocks(DOCS / "tutorial.md")
+    scope: dict = {}
+    for block in blocks[:2]:
+        exec(compile(block, "tutorial.md", "exec"), scope)
+    printed = capsys.readouterr().out
+    text = (DOCS / "tutorial.md").read_text()
+    shown = re.search(r"```\n(graph sgd_step \{.*?\n\})\n```", text, flags=re.S).group(1)
+    assert shown in printed
