@@ -85,8 +85,8 @@ def _axes(x: Any, axis: int | Sequence[int] | None) -> tuple[int, ...]:
     ndim = len(_shape(x))
     if axis is None:
         return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, int) else tuple(axis)
-    return tuple(sorted(a + ndim if a < 0 else a for a in axes))
+    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
+    return tuple(sorted(int(a) + ndim if a < 0 else int(a) for a in axes))
 
 
 def sum(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
@@ -106,7 +106,8 @@ def mean(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False
 
 def reshape(x: Any, shape: int | Sequence[int]) -> Tensor:
     """x with a new shape of the same size; one entry may be -1."""
-    shape = (shape,) if isinstance(shape, int) else tuple(int(s) for s in shape)
+    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else \
+        tuple(int(s) for s in shape)
     if shape.count(-1) == 1:
         known = int(np.prod([s for s in shape if s != -1]))
         size = int(np.prod(_shape(x)))
@@ -122,8 +123,10 @@ def broadcast_to(x: Any, shape: Sequence[int]) -> Tensor:
 def transpose(x: Any, axes: Sequence[int] | None = None) -> Tensor:
     """x with its axes permuted (reversed by default, like numpy)."""
     ndim = len(_shape(x))
-    perm = tuple(reversed(range(ndim))) if axes is None else tuple(a % ndim if ndim else a
-                                                                   for a in axes)
+    # Only negative axes wrap (as in numpy): an axis past the end must fail the type rule,
+    # not wrap around to a valid one.
+    perm = tuple(reversed(range(ndim))) if axes is None else \
+        tuple(int(a) + ndim if a < 0 else int(a) for a in axes)
     return bind("transpose", [x], {"perm": perm})
 
 

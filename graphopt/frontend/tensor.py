@@ -81,13 +81,14 @@ class Tensor:
     def max(self, axis=None, keepdims: bool = False): return ops.max(self, axis, keepdims)
     def astype(self, dtype: Any): return ops.cast(self, dtype)
 
+    # x.reshape(2, 3) and x.reshape((2, 3)) alike; a numpy integer counts as one int.
     def reshape(self, *shape):
-        return ops.reshape(self, shape[0] if len(shape) == 1 and not isinstance(shape[0], int)
-                           else shape)
+        return ops.reshape(self, shape[0] if len(shape) == 1 and
+                           not isinstance(shape[0], (int, np.integer)) else shape)
 
     def transpose(self, *axes):
-        return ops.transpose(self, axes[0] if len(axes) == 1 and not isinstance(axes[0], int)
-                             else (axes or None))
+        return ops.transpose(self, axes[0] if len(axes) == 1 and
+                             not isinstance(axes[0], (int, np.integer)) else (axes or None))
 
     @property
     def T(self):

@@ -68,6 +68,13 @@ class Trace:
         """Emit one assign per assigned parameter, ordered after the readers of @p."""
         g = self.graph
         g.outputs = outputs
+        written = {self.param_inputs[k] for k in self.assigned}
+        for k, (p, value, loc) in self.assigned.items():
+            if value in written and value is not self.param_inputs[k]:
+                # `assign(a, b)` with the old value of a b that is assigned too: read @b in a
+                # node of its own, which assign(@b) can be ordered after. Two assigns reading
+                # each other's @p directly (a swap through a temporary) could not be ordered.
+                self.assigned[k] = (p, g.add_node("depend", [value], loc=loc).out, loc)
         producer = producers(g)
         index = {id(n): i for i, n in enumerate(g.nodes)}
         # Dead readers too: the verifier checks every node that reads @p, and a backend that
@@ -244,12 +251,7 @@ def assign(param: Parameter, value: Any) -> None:
         np.copyto(param._value, np.asarray(o.payload, dtype=param.dtype.np_dtype))
         return
     v = o.payload if isinstance(o.payload, Value) else _constant(trace, o.payload, o.type, loc)
-    target = trace.read_input(param)  # the parameter is an input of the graph even if never read
-    if v.kind == "param" and v is not target:
-        # `assign(a, b)` with b's old value: read @b in a node of its own, which the assign of
-        # @b can be ordered after. An assign reading @b directly could not be, and two such
-        # assigns (a swap through a temporary Parameter) would have to be ordered both ways.
-        v = trace.graph.add_node("depend", [v], loc=loc).out
+    trace.read_input(param)  # the parameter is an input of the graph even if never read
     trace.assigned[id(param)] = (param, v, loc)
 
 

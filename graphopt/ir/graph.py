@@ -10,6 +10,7 @@ Any node may carry `after` edges: pure ordering, no data. The tracer puts them o
 """
 from __future__ import annotations
 
+import json
 import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
@@ -34,7 +35,7 @@ class Location:
         return f"{self.file}:{self.line}"
 
     def __str__(self) -> str:
-        return f'loc("{os.path.basename(self.file)}":{self.line})'
+        return f"loc({json.dumps(os.path.basename(self.file))}:{self.line})"
 
 
 class Value:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from typing import Any
 
 import numpy as np
@@ -41,7 +42,11 @@ def format_scalar(x: Any, dtype: DType | None = None) -> str:
             return "inf" if f > 0 else "-inf"
         if dtype is None or dtype.name == "f64" or not dtype.is_float:
             return repr(f)
-        text = str(dtype.np_dtype.type(f))
+        with np.errstate(over="ignore"):
+            x = dtype.np_dtype.type(f)
+        if not np.isfinite(x):  # out of the dtype's range: the value it rounds to
+            return "inf" if x > 0 else "-inf"
+        text = str(x)
         return text if any(c in text for c in ".e") else text + ".0"
     raise TypeError(f"cannot print {x!r} as a scalar")
 
@@ -60,6 +65,14 @@ def format_attr(x: Any, dtype: DType | None = None) -> str:
     return format_scalar(x, dtype)
 
 
+_PLAIN_NAME = re.compile(r"[A-Za-z_][\w.]*\Z")
+
+
+def quote(name: str) -> str:
+    """A name as the text form writes it: JSON-quoted unless it is a plain identifier."""
+    return name if _PLAIN_NAME.match(name) else json.dumps(name)
+
+
 class Namer:
     """Stable names: inputs keep theirs, node results are numbered in order of definition."""
 
@@ -68,10 +81,12 @@ class Namer:
         self.counter = 0
 
     def define(self, v: Value) -> str:
+        if v in self.names:  # used before its definition (a broken graph): keep that name
+            return self.names[v]
         if v.kind == "param":
-            name = f"@{v.name}"
+            name = f"@{quote(v.name)}"
         elif v.kind == "arg":
-            name = f"%{v.name}"
+            name = f"%{quote(v.name)}"
         else:
             name = f"%{self.counter}"
             self.counter += 1
@@ -104,7 +119,9 @@ def format_node(node: Node, name: Namer, *, locs: bool = False) -> str:
         parts.append("{" + attrs + "}")
     if node.after:
         parts.append("after(" + ", ".join(name(v) for v in node.after) + ")")
-    line = " ".join(parts) + " : " + ", ".join(str(v.type) for v in node.outputs)
+    line = " ".join(parts) + " :"
+    if node.outputs:
+        line += " " + ", ".join(str(v.type) for v in node.outputs)
     if locs and node.loc is not None:
         line += f"  {node.loc}"
     return line
@@ -112,7 +129,7 @@ def format_node(node: Node, name: Namer, *, locs: bool = False) -> str:
 
 def format_graph(graph: Graph, *, locs: bool = False) -> str:
     name = Namer()
-    lines = [f"graph {graph.name} {{"]
+    lines = [f"graph {quote(graph.name)} {{"]
     for v in graph.inputs:
         lines.append(f"  {v.kind} {name.define(v)}: {v.type}")
     for node in graph.nodes:
