@@ -65,3 +65,9 @@ class ExecutionError(GraphoptError, RuntimeError):
 
 class BackendError(GraphoptError, ValueError):
     """An unknown backend, or a graph a backend cannot run."""
+
+
+class OptimizerError(GraphoptError, ValueError):
+    """Bad input to an optimizer, a schedule, a loss scaler or a checkpoint: a hyper-parameter
+    out of range, a gradient of the wrong shape or dtype, a parameter in two groups. The
+    message names the parameter; nothing was changed."""

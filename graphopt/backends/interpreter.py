@@ -1,7 +1,7 @@
 """The reference backend: runs any valid graph node by node with numpy.
 
-Nodes run in graph order (the verifier guarantees it respects data and after edges). Assigns
-are only collected: the caller commits them after the whole graph has run, so a step that
+Nodes run in graph order (the verifier guarantees it respects data and after edges); a kernel
+runs its body on whole arrays (see ir/kernel.py). Assigns and kernel stores are only collected: the caller commits them after the whole graph has run, so a step that
 fails part-way changes no Parameter.
 """
 from __future__ import annotations
@@ -9,6 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ExecutionError, GraphoptError
+from ..ir import kernel
 from ..ir.graph import Graph, Value
 from ..ir.registry import evaluate
 
@@ -27,7 +28,13 @@ def run(graph: Graph, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray]
                 continue
             args = [env[v] for v in node.inputs]
             try:
-                results = evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
+                if node.body is not None:
+                    results, writes = kernel.run(node, args)
+                    updates.update((target.name, a) for target, a in writes)
+                    results += [None] * (len(node.outputs) - len(results))  # the token
+                else:
+                    results = evaluate(node.opdef, args, node.attrs,
+                                       [v.type for v in node.outputs])
             except GraphoptError:
                 raise
             except Exception as e:  # numpy's own error, e.g. an integer to a negative power

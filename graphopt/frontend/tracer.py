@@ -69,12 +69,15 @@ class Trace:
         g = self.graph
         g.outputs = outputs
         written = {self.param_inputs[k] for k in self.assigned}
+        reads: dict[Value, Value] = {}
         for k, (p, value, loc) in self.assigned.items():
             if value in written and value is not self.param_inputs[k]:
                 # `assign(a, b)` with the old value of a b that is assigned too: read @b in a
                 # node of its own, which assign(@b) can be ordered after. Two assigns reading
                 # each other's @p directly (a swap through a temporary) could not be ordered.
-                self.assigned[k] = (p, g.add_node("depend", [value], loc=loc).out, loc)
+                if value not in reads:
+                    reads[value] = g.add_node("depend", [value], loc=loc).out
+                self.assigned[k] = (p, reads[value], loc)
         producer = producers(g)
         index = {id(n): i for i, n in enumerate(g.nodes)}
         # Dead readers too: the verifier checks every node that reads @p, and a backend that

@@ -1,4 +1,5 @@
 """The IR: types, the op registry, Graph/Node/Value, text form, verifier, exports."""
+from . import kernel as _kernel  # noqa: F401  (kernel and store)
 from . import opdefs as _opdefs  # noqa: F401  (fills the registry)
 from .graph import Graph, Location, Node, Value
 from .registry import REGISTRY, OpDef, get_op

@@ -1,6 +1,7 @@
 """Small graph analyses shared by the tracer, the verifier and the passes."""
 from __future__ import annotations
 
+import heapq
 from typing import Iterable
 
 from .graph import Graph, Node, Value
@@ -46,3 +47,34 @@ def unordered_readers(starts: Iterable[Value], readers: list[Node], producer: di
         missing.pop(id(p), None)
         stack.extend(p.operands())
     return sorted(missing.values(), key=lambda r: index[id(r)])
+
+
+def toposort(graph: Graph) -> None:
+    """Reorder the nodes so each comes after its operands, keeping the given order wherever it
+    is already valid (a stable Kahn's algorithm: the earliest ready node goes first)."""
+    producer = producers(graph)
+    position = {id(n): i for i, n in enumerate(graph.nodes)}
+    waiting: dict[int, int] = {}
+    users: dict[int, list[Node]] = {}
+    for n in graph.nodes:
+        deps = {id(producer[v]) for v in n.operands() if v in producer}
+        waiting[id(n)] = len(deps)
+        for d in deps:
+            users.setdefault(d, []).append(n)
+    ready = [(position[id(n)], id(n), n) for n in graph.nodes if waiting[id(n)] == 0]
+    heapq.heapify(ready)
+    order: list[Node] = []
+    while ready:
+        _, _, n = heapq.heappop(ready)
+        order.append(n)
+        for u in users.get(id(n), []):
+            waiting[id(u)] -= 1
+            if waiting[id(u)] == 0:
+                heapq.heappush(ready, (position[id(u)], id(u), u))
+    assert len(order) == len(graph.nodes), "toposort of a graph with a cycle"
+    graph.nodes = order
+
+
+def has_effect(node: Node) -> bool:
+    """Whether a node changes state: an assign, a store, or a kernel that stores."""
+    return node.op in ("assign", "store") or (node.body is not None and bool(node.body.effects))

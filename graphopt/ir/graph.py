@@ -141,6 +141,33 @@ class Graph:
         self.nodes.append(node)
         return node
 
+    def remap(self, mapping: dict[Value, Value]) -> None:
+        """Make every reader of a value in `mapping` (inputs, after edges, the return) read
+        the value it maps to instead. One walk over the graph, however many values change."""
+        if not mapping:
+            return
+        for n in self.nodes:
+            n.inputs = [mapping.get(v, v) for v in n.inputs]
+            n.after = [mapping.get(v, v) for v in n.after]
+        self.outputs = [mapping.get(v, v) for v in self.outputs]
+        self.effects = [mapping.get(v, v) for v in self.effects]
+
+    def clone(self) -> Graph:
+        """A deep copy: new Values and Nodes (bodies too), the same structure."""
+        g = Graph(self.name)
+        vmap: dict[Value, Value] = {}
+        for v in self.inputs:
+            vmap[v] = g.add_input(v.kind, v.name, v.type)
+        for n in self.nodes:
+            m = Node(n.op, [vmap.get(v, v) for v in n.inputs], n.attrs,
+                     [v.type for v in n.outputs], [vmap.get(v, v) for v in n.after], n.loc,
+                     n.body.clone() if n.body is not None else None)
+            vmap.update(zip(n.outputs, m.outputs))
+            g.nodes.append(m)
+        g.outputs = [vmap.get(v, v) for v in self.outputs]
+        g.effects = [vmap.get(v, v) for v in self.effects]
+        return g
+
     # -- reading ----------------------------------------------------------------------------
     @property
     def params(self) -> list[Value]:

@@ -8,7 +8,8 @@ descent parser, one method per grammar rule, builds the Graph. Grammar (EBNF; wh
     graph      = NL* "graph" (NAME | STRING) "{" NL+ body "}" NL* EOF ;
     body       = { (input | node) NL+ } return NL+ ;
     input      = ("param" PARAM | "arg" ARG) ":" type ;
-    node       = [ ARG { "," ARG } "=" ] NAME [ values ] [ attrs ] [ after ] ":" [ types ] [ loc ] ;
+    node       = [ ARG { "," ARG } "=" ] NAME [ values ] [ attrs ] [ after ] ":" [ types ] [ loc ]
+                 [ "{" NL+ body "}" ] ;                 (* a kernel's body *)
     return     = "return" [ values ] [ after ] ;
     values     = value { "," value } ;                  value = PARAM | ARG ;
     after      = "after" "(" [ values ] ")" ;
@@ -170,8 +171,8 @@ class _Parser:
     def body(self, graph: Graph) -> None:
         """Read input and node lines into `graph` up to and including its closing `}`.
 
-        A kernel node's region is a body too (its own inputs, nodes and return, its own names),
-        so when kernels arrive, `node` calls this method again on the kernel's body graph."""
+        A kernel node's region is a body too (its own inputs, nodes and return, its own names):
+        `node` calls this method again on the kernel's body graph."""
         names: dict[str, Value] = {}
         uses: list[tuple[list[Value], list[Token]]] = []  # resolved once every line is read
         self.skip_newlines()
@@ -229,11 +230,10 @@ class _Parser:
         raw_attrs = self.attrs() if self.at("{") else {}
         after = self.after() if self.at("after") else []
         colon = self.expect(":", " before the result types")
-        # No types means no results; "{" is kept free for the region a kernel node will have.
+        # No types means no results; "{" opens a kernel's region.
         ends = self.peek().kind in ("NL", "EOF") or self.at("loc") or self.at("{")
         types = [] if ends else self.commas(self.type)
         loc = self.loc() if self.at("loc") else None
-        # (A kernel node will continue here: "{" NL, then self.body(Graph()) for its region.)
         if len(types) != len(results):
             raise self.error(f"{len(results)} result name(s) but {len(types)} type(s)", colon)
         typed = bool(op.type_attrs)  # constant: attributes read off the result type
@@ -249,6 +249,10 @@ class _Parser:
                                  f"do not write it", raw_attrs[name][0])
             attrs[name] = getattr(types[0], name)
         node = graph.add_node(op.name, (), attrs, loc=loc, out_types=types)
+        if self.accept("{"):  # a kernel's body: a region with its own inputs and names
+            self.end_of_line()
+            node.body = Graph(op.name)
+            self.body(node.body)
         return results, node, (inputs, after)
 
     def attr_data(self, tok: Token, value: Any, types: list[Type] | None) -> Any:

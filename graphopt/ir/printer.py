@@ -127,18 +127,30 @@ def format_node(node: Node, name: Namer, *, locs: bool = False) -> str:
     return line
 
 
-def format_graph(graph: Graph, *, locs: bool = False) -> str:
-    name = Namer()
-    lines = [f"graph {quote(graph.name)} {{"]
-    for v in graph.inputs:
-        lines.append(f"  {v.kind} {name.define(v)}: {v.type}")
+def _region(graph: Graph, name: Namer, indent: str, locs: bool) -> list[str]:
+    """The lines of a graph's inputs, nodes and return; a kernel's body nests inside it."""
+    lines = [f"{indent}{v.kind} {name.define(v)}: {v.type}" for v in graph.inputs]
     for node in graph.nodes:
-        lines.append("  " + format_node(node, name, locs=locs))
-    ret = "  return"
+        line = indent + format_node(node, name, locs=locs)
+        if node.body is None:
+            lines.append(line)
+            continue
+        from .kernel import cost
+        try:
+            comment = f"  # {cost(node)}"
+        except Exception:  # a broken kernel still prints, for the verifier's message
+            comment = ""
+        lines.append(f"{line} {{{comment}")
+        lines += _region(node.body, Namer(), indent + "  ", locs)
+        lines.append(indent + "}")
+    ret = indent + "return"
     if graph.outputs:
         ret += " " + ", ".join(name(v) for v in graph.outputs)
     if graph.effects:
         ret += " after(" + ", ".join(name(v) for v in graph.effects) + ")"
-    lines.append(ret)
-    lines.append("}")
-    return "\n".join(lines)
+    return lines + [ret]
+
+
+def format_graph(graph: Graph, *, locs: bool = False) -> str:
+    lines = _region(graph, Namer(), "  ", locs)
+    return "\n".join([f"graph {quote(graph.name)} {{"] + lines + ["}"])

@@ -23,7 +23,15 @@ LINALG = "linalg"
 CONSTANT = "constant"
 EFFECT = "effect"
 CONTROL = "control"
-CATEGORIES = (ELEMENTWISE, REDUCTION, SHAPE, LINALG, CONSTANT, EFFECT, CONTROL)
+KERNEL = "kernel"
+INDEX = "index"  # gather / scatter_add: data-dependent addressing along axis 0
+NN = "nn"  # composite network ops with a fused numpy reference: log_softmax, losses
+CATEGORIES = (ELEMENTWISE, REDUCTION, SHAPE, LINALG, CONSTANT, EFFECT, CONTROL, KERNEL, INDEX,
+              NN)
+
+# A VJP rule: rule(ct, out, *inputs, **attrs) -> the gradient for one input, built with
+# graphopt.ops (so the backward graph is ordinary nodes). ct is the cotangent of the output.
+VjpRule = Callable[..., Any]
 
 
 @dataclass(frozen=True)
@@ -41,6 +49,9 @@ class OpDef:
     type_attrs: tuple[str, ...] = ()
     doc: str = ""
     extra: dict[str, Any] = field(default_factory=dict)
+    # Reverse mode (frontend/autodiff.py): one rule per input, None where no gradient flows
+    # (an integer index, a condition); `vjp=None` means the op is not differentiable.
+    vjp: tuple[VjpRule | None, ...] | None = None
 
     @property
     def is_pure(self) -> bool:
@@ -80,6 +91,12 @@ def check_attrs(op: OpDef, attrs: dict[str, Any]) -> None:
             parts.append(f"unknown {', '.join(sorted(extra))}")
         raise OpTypeError(f"{op.name}: attributes {'; '.join(parts)} "
                           f"(expects {', '.join(op.attrs) or 'none'})")
+
+
+def evaluate_element(op: OpDef, arrays: Sequence[Any], attrs: dict[str, Any],
+                     out_type: Type) -> np.ndarray:
+    """An elementwise op of a kernel body on whole arrays: the declared dtype, any shape."""
+    return np.asarray(op.impl(*arrays, **attrs)).astype(out_type.dtype.np_dtype, copy=False)
 
 
 def evaluate(op: OpDef, arrays: Sequence[np.ndarray], attrs: dict[str, Any],

@@ -3,22 +3,32 @@
 Each violation raises a VerifyError naming the rule and the node:
 
   known-op           every node's op is in the registry, with the attributes it declares
-  types              every node's output types are what the op's type rule gives
+  types              every node's output types are what the op's type rule gives (a kernel's
+                     come from its body)
   unique-names       graph inputs have distinct names
   defined-before-use every value is defined (by an input or an earlier node) before it is used
   acyclic            no value depends on itself (reported apart from misordering)
-  assign-target      assign writes a `param` input of this graph
-  one-assign         at most one assign per parameter
-  write-after-read   every node that reads @p is ordered before assign(@p, ...), by data or
-                     after edges; this is what lets a backend update @p's buffer in place
+  assign-target      assign writes a `param` input of this graph; a kernel stores only into
+                     parameters
+  one-assign         at most one write (assign or kernel store) per parameter
+  write-after-read   every node that reads @p is ordered before the node that writes @p, by
+                     data or after edges; this is what lets a backend update @p in place
+  kernel-body        a kernel body has element-typed `arg` inputs and only elementwise ops,
+                     scalar constants and stores (one per input); `store` appears only there
+  kernel-aliasing    a parameter a kernel stores is bound to exactly one of its operands
 """
 from __future__ import annotations
 
+from typing import Callable
+
 from ..errors import GraphoptError, VerifyError
-from .graph import Graph, Node, Value
 from .analysis import producers, unordered_readers
+from .graph import Graph, Node, Value
+from .kernel import infer_types, stores, written
 from .printer import Namer, format_node
-from .registry import REGISTRY, check_attrs
+from .registry import CONSTANT, ELEMENTWISE, REGISTRY, check_attrs
+
+Fail = Callable[[str, "Node | None", str], None]
 
 
 def _describe(node: Node, graph: Graph) -> str:
@@ -36,8 +46,13 @@ def _describe(node: Node, graph: Graph) -> str:
 
 def verify(graph: Graph) -> None:
     """Raise VerifyError on the first rule the graph breaks."""
+    _verify(graph, region=False)
+
+
+def _verify(graph: Graph, region: bool) -> None:
     def fail(rule: str, node: Node | None, msg: str) -> None:
-        where = f" in {_describe(node, graph)}" if node is not None else ""
+        inside = " (in a kernel body)" if region else ""
+        where = f" in {_describe(node, graph)}{inside}" if node is not None else inside
         raise VerifyError(rule, f"{msg}{where}", node)
 
     names = set()
@@ -55,27 +70,63 @@ def verify(graph: Graph) -> None:
                     fail("acyclic", node, "the node depends on its own result through a cycle")
                 later = "defined only later" if v in producer else "not defined in this graph"
                 fail("defined-before-use", node, f"an operand is {later}")
-        op = REGISTRY.get(node.op)
-        if op is None:
-            fail("known-op", node, f"unknown op '{node.op}'")
-        try:
-            check_attrs(op, node.attrs)
-        except GraphoptError as e:
-            fail("known-op", node, e.message)
-        try:
-            expected = op.infer([v.type for v in node.inputs], node.attrs)
-        except GraphoptError as e:
-            fail("types", node, e.message)
-        got = [v.type for v in node.outputs]
-        if list(expected) != got:
-            fail("types", node, f"output types {', '.join(map(str, got))} but the type rule of "
-                                f"{node.op} gives {', '.join(map(str, expected))}")
+        _check_node(node, fail, region)
         defined.update(node.outputs)
     for v in graph.returned():
         if v not in defined:
             fail("defined-before-use", None, "the return uses a value not defined in this graph")
+    if region:
+        _check_body(graph, fail)
+    else:
+        _check_writes(graph, fail)
 
-    _check_assigns(graph, fail)
+
+def _check_node(node: Node, fail: Fail, region: bool) -> None:
+    op = REGISTRY.get(node.op)
+    if op is None:
+        fail("known-op", node, f"unknown op '{node.op}'")
+    try:
+        check_attrs(op, node.attrs)
+    except GraphoptError as e:
+        fail("known-op", node, e.message)
+    if (node.body is None) != (node.op != "kernel"):
+        fail("kernel-body", node, "a kernel node needs a body, and only a kernel has one")
+    if node.op == "store" and not region:
+        fail("kernel-body", node, "store is only allowed inside a kernel body (use assign)")
+    if region and node.op not in ("store",) and op.category not in (ELEMENTWISE, CONSTANT):
+        fail("kernel-body", node, f"{node.op} cannot be inside a kernel body")
+    if node.body is not None:
+        _verify(node.body, region=True)
+    try:
+        expected = infer_types(node)
+    except GraphoptError as e:
+        fail("types", node, e.message)
+    got = [v.type for v in node.outputs]
+    if list(expected) != got:
+        fail("types", node, f"output types {', '.join(map(str, got))} but the type rule of "
+                            f"{node.op} gives {', '.join(map(str, expected))}")
+    if node.body is not None:
+        targets = written(node)
+        for v in targets:
+            if v.kind != "param":
+                fail("assign-target", node, "a kernel stores only into parameters")
+            if sum(u is v for u in node.inputs) != 1:
+                fail("kernel-aliasing", node, f"@{v.name} is stored by this kernel, so it must "
+                                              f"be exactly one of its operands")
+
+
+def _check_body(body: Graph, fail: Fail) -> None:
+    for v in body.inputs:
+        if v.kind != "arg" or v.type.shape != ():
+            fail("kernel-body", None, f"body input {v.name} must be an element (arg, shape [])")
+    for n in body.nodes:
+        if n.op == "constant" and n.out.type.shape != ():
+            fail("kernel-body", n, "constants in a kernel body are scalars")
+        if n.op == "store" and n.inputs[0] not in body.inputs:
+            fail("kernel-body", n, "store writes one of the body's inputs")
+    targets = [j for j, _ in stores(body)]
+    if len(targets) != len(set(targets)):
+        fail("kernel-body", None, "a body input is stored more than once")
 
 
 def _reaches(start: Node, target: Node, producer: dict[Value, Node]) -> bool:
@@ -93,26 +144,26 @@ def _reaches(start: Node, target: Node, producer: dict[Value, Node]) -> bool:
     return False
 
 
-def _check_assigns(graph: Graph, fail) -> None:
+def _check_writes(graph: Graph, fail: Fail) -> None:
     producer = producers(graph)
     index = {id(n): i for i, n in enumerate(graph.nodes)}
     params = set(graph.params)
-    assigned: set[Value] = set()
+    writers: dict[Value, Node] = {}
+    for n in graph.nodes:
+        for target in written(n):
+            if target not in params:
+                fail("assign-target", n, "assign must write a parameter (an @name input) of "
+                                         "this graph")
+            if target in writers:
+                fail("one-assign", n, f"@{target.name} is written more than once")
+            writers[target] = n
     readers: dict[Value, list[Node]] = {}
     for n in graph.nodes:
         for v in n.inputs:
-            if v in params and not (n.op == "assign" and v is n.inputs[0]):
+            if v in writers and writers[v] is not n:
                 readers.setdefault(v, []).append(n)
-    for n in graph.assigns():
-        target = n.inputs[0]
-        if target not in params:
-            fail("assign-target", n, "assign must write a parameter (an @name input) of this graph")
-        if target in assigned:
-            fail("one-assign", n, f"@{target.name} is assigned more than once")
-        assigned.add(target)
-    for n in graph.assigns():
-        target = n.inputs[0]
-        unordered = unordered_readers(n.operands(), readers.get(target, []), producer, index)
+    for target, w in writers.items():
+        unordered = unordered_readers(w.operands(), readers.get(target, []), producer, index)
         if unordered:
             fail("write-after-read", unordered[0], f"this node reads @{target.name} but is not "
-                 f"ordered before its assign (add it to the assign's after(...))")
+                 f"ordered before the node that writes it (add it to that node's after(...))")

@@ -1,0 +1,236 @@
+"""Kernel nodes: fused elementwise regions, made by the `fuse` and `hfuse` passes.
+
+A kernel node holds a *body*: a small graph that computes one element. Its inputs are
+`arg %x0, %x1, ...` of element types (`f32[]`), its nodes are elementwise ops, scalar
+constants and `store`s, and its return lists the element values it produces:
+
+    %3, %4 = kernel @w, %g, %0 {spaces=[[4,3]], outputs=["map"], shared=[]} : f32[4,3], token {
+      arg %x0: f32[]
+      arg %x1: f32[]
+      arg %x2: f32[]
+      %0 = multiply %x2, %x1 : f32[]
+      %1 = subtract %x0, %0 : f32[]
+      %2 = store %x0, %1 : token
+      return %1 after(%2)
+    }
+
+The kernel runs the body once per element of its iteration space (`spaces`); an operand whose
+shape is smaller broadcasts into the space as in numpy. Each body output is either mapped
+(`"map"`: a tensor of the space's shape) or reduced over the whole space (`"sum"`, `"max"`,
+`"mean"`: a scalar). `store %xi, v` writes v into the buffer of operand i, which must be a
+parameter of the full space shape: the in-place update an `assign` became. A kernel that
+stores yields one token after its value outputs.
+
+A multi-tensor kernel (the HyperMap idea) maps one body over several *instances*, one
+iteration space each. Its operands are the per-instance operands, instance after instance
+(for the body inputs not listed in `shared`), then the operands every instance shares (scalar
+hyper-parameters); its outputs are the value outputs of instance 0, of instance 1, ..., then
+the token.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Any, Sequence
+
+import numpy as np
+
+from ..errors import OpTypeError
+from .graph import Graph, Node, Value
+from .registry import EFFECT, KERNEL, OpDef, register
+from .types import TensorType, Type, token
+
+REDUCTIONS = {"sum": np.sum, "max": np.max, "mean": np.mean}
+OUTPUT_KINDS = ("map",) + tuple(REDUCTIONS)
+
+
+def _store_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    if len(types) != 2 or types[0] != types[1] or not isinstance(types[0], TensorType):
+        raise OpTypeError(f"store: the value {types[-1] if types else '?'} must have the type of "
+                          f"its target {types[0] if types else '?'}")
+    return [token]
+
+
+def _kernel_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    raise OpTypeError("a kernel's result types come from its body (use kernel.infer_types)")
+
+
+register(OpDef("store", EFFECT, _store_infer,
+               doc="store %xi, v (kernel bodies only): write v into operand i's buffer"))
+register(OpDef("kernel", KERNEL, _kernel_infer, attrs=("spaces", "outputs", "shared"),
+               doc="a fused elementwise region; see graphopt/ir/kernel.py"))
+
+
+@dataclass(frozen=True)
+class Layout:
+    """How a kernel node's operands and outputs map onto its body, instance by instance."""
+
+    instances: int
+    body_inputs: int
+    shared: tuple[int, ...]
+    body_outputs: int
+    has_token: bool
+
+    @property
+    def per_instance(self) -> tuple[int, ...]:
+        return tuple(i for i in range(self.body_inputs) if i not in self.shared)
+
+    def operand_index(self, instance: int, body_input: int) -> int:
+        """Position in the kernel's inputs of the operand bound to `body_input` in `instance`."""
+        if body_input in self.shared:
+            return self.instances * len(self.per_instance) + self.shared.index(body_input)
+        return instance * len(self.per_instance) + self.per_instance.index(body_input)
+
+    def output_index(self, instance: int, body_output: int) -> int:
+        return instance * self.body_outputs + body_output
+
+
+def layout(node: Node) -> Layout:
+    body = node.body
+    assert body is not None
+    return Layout(len(node.attrs["spaces"]), len(body.inputs), tuple(node.attrs["shared"]),
+                  len(body.outputs), bool(body.effects))
+
+
+def instance_operands(node: Node, instance: int) -> list[Value]:
+    """The outer values bound to the body's inputs in one instance, in body-input order."""
+    lay = layout(node)
+    return [node.inputs[lay.operand_index(instance, j)] for j in range(lay.body_inputs)]
+
+
+def stores(body: Graph) -> list[tuple[int, Node]]:
+    """(body input index, store node) for every store of a body."""
+    index = {v: i for i, v in enumerate(body.inputs)}
+    return [(index[n.inputs[0]], n) for n in body.nodes if n.op == "store"]
+
+
+def written(node: Node) -> list[Value]:
+    """The outer values (parameters) a node writes: an assign's target, a kernel's stores."""
+    if node.op == "assign":
+        return [node.inputs[0]]
+    if node.body is None:
+        return []
+    targets = [j for j, _ in stores(node.body)]
+    return [instance_operands(node, i)[j] for i in range(len(node.attrs["spaces"]))
+            for j in targets]
+
+
+def infer_types(node: Node) -> list[Type]:
+    """A node's output types: from the op's type rule, or, for a kernel, from its body."""
+    from .registry import get_op
+    if node.body is None:
+        return get_op(node.op).infer([v.type for v in node.inputs], node.attrs)
+    body, attrs = node.body, node.attrs
+    lay = layout(node)
+    kinds = list(attrs["outputs"])
+    if len(kinds) != lay.body_outputs or any(k not in OUTPUT_KINDS for k in kinds):
+        raise OpTypeError(f"kernel: outputs={kinds} must give one of {list(OUTPUT_KINDS)} per "
+                          f"body output ({lay.body_outputs})")
+    if any(not 0 <= j < lay.body_inputs for j in lay.shared) or \
+            len(node.inputs) != lay.instances * len(lay.per_instance) + len(lay.shared):
+        raise OpTypeError(f"kernel: {len(node.inputs)} operands do not fit {lay.instances} "
+                          f"instance(s) of a body with {lay.body_inputs} inputs, shared "
+                          f"{list(lay.shared)}")
+    targets = {j for j, _ in stores(body)}
+    out: list[Type] = []
+    for i, space in enumerate(attrs["spaces"]):
+        space = tuple(space)
+        for j, (v, x) in enumerate(zip(instance_operands(node, i), body.inputs)):
+            if not isinstance(v.type, TensorType) or v.dtype != x.dtype or x.type.shape != ():
+                raise OpTypeError(f"kernel: operand {j} is {v.type}, the body reads it as {x.type}")
+            try:
+                fits = np.broadcast_shapes(v.shape, space) == space
+            except ValueError:
+                fits = False
+            if not fits or (j in targets and v.shape != space):
+                need = "have the shape" if j in targets else "broadcast to"
+                raise OpTypeError(f"kernel: operand {j} ({v.type}) does not {need} the "
+                                  f"iteration space {list(space)}")
+        for kind, r in zip(kinds, body.outputs):
+            out.append(TensorType(space if kind == "map" else (), r.dtype))
+    return out + ([token] if lay.has_token else [])
+
+
+def run(node: Node, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray],
+                                                           list[tuple[Value, np.ndarray]]]:
+    """The kernel's numpy semantics: its outputs and its stores (outer value, new array).
+
+    The body runs on whole arrays at once, each op with the same numpy function as the
+    unfused node, so a kernel gives the unfused graph's results bit for bit."""
+    from .registry import evaluate_element
+    body = node.body
+    lay = layout(node)
+    outputs: list[np.ndarray] = []
+    writes: list[tuple[Value, np.ndarray]] = []
+    for i, space in enumerate(node.attrs["spaces"]):
+        space = tuple(space)
+        env: dict[Value, Any] = {}
+        for j, x in enumerate(body.inputs):
+            env[x] = arrays[lay.operand_index(i, j)]
+        for n in body.nodes:
+            if n.op == "store":
+                target = node.inputs[lay.operand_index(i, body.inputs.index(n.inputs[0]))]
+                writes.append((target, np.broadcast_to(env[n.inputs[1]], space)))
+                continue
+            env[n.outputs[0]] = evaluate_element(n.opdef, [env[v] for v in n.inputs], n.attrs,
+                                                 n.outputs[0].type)
+        for kind, r in zip(node.attrs["outputs"], body.outputs):
+            full = np.broadcast_to(env[r], space)
+            result = full if kind == "map" else REDUCTIONS[kind](full)
+            outputs.append(np.array(result, dtype=r.dtype.np_dtype))
+    return outputs, writes
+
+
+@dataclass(frozen=True)
+class KernelCost:
+    """Memory traffic of one run of a kernel. Operands of the full iteration space stream:
+    their bytes are counted per element. Smaller operands (scalars, broadcast rows) and
+    reduction results are counted once, in `fixed_bytes`."""
+
+    read_per_element: int
+    write_per_element: int
+    fixed_bytes: int
+    elements: int
+
+    @property
+    def bytes_per_element(self) -> int:
+        return self.read_per_element + self.write_per_element
+
+    @property
+    def total_bytes(self) -> int:
+        return self.bytes_per_element * self.elements + self.fixed_bytes
+
+    def __str__(self) -> str:
+        fixed = f" + {self.fixed_bytes} B once" if self.fixed_bytes else ""
+        return (f"{self.elements} elements x {self.bytes_per_element} B/elem (read "
+                f"{self.read_per_element}, write {self.write_per_element}){fixed}")
+
+
+def cost(node: Node) -> KernelCost:
+    """Each operand the body reads is read once; each stored parameter and mapped output is
+    written once; nothing in between touches memory (that is what fusion buys)."""
+    body = node.body
+    lay = layout(node)
+    targets = {j for j, _ in stores(body)}
+    read_in_body = {v for n in body.nodes if n.op != "store" for v in n.inputs}
+    read_in_body |= set(body.outputs)
+    read = write = fixed = elements = 0
+    seen: set[int] = set()
+    for i, space in enumerate(node.attrs["spaces"]):
+        space = tuple(space)
+        elements += int(np.prod(space, dtype=np.int64))
+        for j, x in enumerate(body.inputs):
+            k = lay.operand_index(i, j)
+            v = node.inputs[k]
+            streams = v.shape == space
+            if i == 0 and streams:  # per-element rates: every instance has the same ones
+                read += x.dtype.itemsize if x in read_in_body else 0
+                write += x.dtype.itemsize if j in targets else 0
+            elif not streams and x in read_in_body and k not in seen:
+                fixed += v.type.nbytes  # a shared operand is read once, not per instance
+            seen.add(k)
+    for kind, r in zip(node.attrs["outputs"], body.outputs):
+        if kind == "map":
+            write += r.dtype.itemsize
+        else:
+            fixed += r.dtype.itemsize * lay.instances
+    return KernelCost(read, write, fixed, elements)

@@ -1,0 +1,39 @@
+"""The cost model the passes share: bytes each node reads and writes in one run of a step.
+
+An unfused node reads each of its inputs and writes its output through memory; a kernel reads
+each operand once and writes only what leaves it (see ir/kernel.py: `cost`). An assign is a
+copy of its value into the parameter; a kernel's store is not (it writes in place).
+"""
+from __future__ import annotations
+
+from ..ir.graph import Graph, Node
+from ..ir.kernel import cost as kernel_cost
+from ..ir.types import TensorType
+
+
+def _nbytes(v) -> int:
+    return v.type.nbytes if isinstance(v.type, TensorType) else 0
+
+
+def node_bytes(node: Node) -> tuple[int, int]:
+    """(bytes read, bytes written) by one run of the node."""
+    if node.body is not None:
+        c = kernel_cost(node)
+        return (c.read_per_element * c.elements + c.fixed_bytes,
+                c.write_per_element * c.elements)
+    if node.op in ("constant", "depend"):
+        return 0, 0
+    if node.op == "assign":
+        return _nbytes(node.inputs[1]), _nbytes(node.inputs[0])
+    if node.op in ("reshape",):  # a view: nothing moves
+        return 0, 0
+    return sum(_nbytes(v) for v in node.inputs), sum(_nbytes(v) for v in node.outputs)
+
+
+def graph_bytes(graph: Graph) -> tuple[int, int]:
+    read = written = 0
+    for n in graph.nodes:
+        r, w = node_bytes(n)
+        read += r
+        written += w
+    return read, written

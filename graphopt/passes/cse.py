@@ -1,0 +1,61 @@
+"""cse: merge identical pure nodes (common subexpression elimination).
+
+Two nodes are identical when they apply the same op with equal attributes to the same input
+values (in either order for commutative ops) and carry the same after edges. Effects (assign,
+kernels that store) are never merged: two writes are two writes.
+
+    %3 = multiply %g, %g : f32[4]
+    %4 = multiply %g, %g : f32[4]     ->   (removed; readers of %4 read %3)
+"""
+from __future__ import annotations
+
+from typing import Any
+
+import numpy as np
+
+from ..ir.analysis import has_effect
+from ..ir.graph import Graph, Value
+from .manager import PassContext, register
+
+COMMUTATIVE = {"add", "multiply", "maximum", "minimum", "equal", "not_equal", "logical_and",
+               "logical_or"}
+
+
+def attrs_key(attrs: dict[str, Any]) -> tuple:
+    """A hashable, exact form of a node's attributes (arrays by dtype, shape and bytes)."""
+    def key(x: Any) -> Any:
+        if isinstance(x, np.ndarray):
+            return ("array", x.dtype.str, x.shape, x.tobytes())
+        if isinstance(x, (list, tuple)):
+            return tuple(key(e) for e in x)
+        if isinstance(x, float) and x != x:
+            return ("nan",)  # NaN != NaN, but two NaN constants are the same constant
+        return (type(x).__name__, x)  # 1 and 1.0 and True stay apart
+    return tuple(sorted((k, key(v)) for k, v in attrs.items()))
+
+
+@register("cse")
+def cse(graph: Graph, ctx: PassContext) -> dict:
+    seen: dict[tuple, list[Value]] = {}
+    replace: dict[Value, Value] = {}
+    kept = []
+    for n in graph.nodes:
+        n.inputs = [replace.get(v, v) for v in n.inputs]
+        n.after = [replace.get(v, v) for v in n.after]
+        if has_effect(n) or n.body is not None:
+            kept.append(n)
+            continue
+        inputs = [id(v) for v in n.inputs]
+        if n.op in COMMUTATIVE:
+            inputs.sort()
+        key = (n.op, tuple(inputs), attrs_key(n.attrs), tuple(id(v) for v in n.after),
+               tuple(str(v.type) for v in n.outputs))
+        if key in seen:
+            replace.update(zip(n.outputs, seen[key]))
+            continue
+        seen[key] = n.outputs
+        kept.append(n)
+    merged = len(graph.nodes) - len(kept)
+    graph.nodes = kept
+    graph.remap(replace)
+    return {"merged": merged}

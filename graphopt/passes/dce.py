@@ -1,0 +1,40 @@
+"""dce: remove every node the return does not reach.
+
+Liveness starts at the return (its outputs and its effect tokens) and walks back through data
+edges. Through an `after` edge it reaches only nodes with effects (assign, a kernel that
+stores) and `depend`s: a pure node that is only an ordering target does nothing observable,
+so it is removed and the edge with it. An assign the return does not reach is dead too: that
+is DESIGN's rule that an effect is live only if the return reaches it.
+
+    %0 = exp %x : f32[3]                       (removed: nothing reads %0)
+    %1 = sum @w {...} : f32[]                  (removed: only the assign's after edge named it)
+    %2 = assign @w, %y after(%1) : token  ->   %2 = assign @w, %y : token
+"""
+from __future__ import annotations
+
+from ..ir.analysis import has_effect, producers
+from ..ir.graph import Graph
+from .manager import PassContext, register
+
+
+@register("dce")
+def dce(graph: Graph, ctx: PassContext) -> dict:
+    producer = producers(graph)
+    live: set[int] = set()
+    stack = [producer[v] for v in graph.returned() if v in producer]
+    while stack:
+        n = stack.pop()
+        if id(n) in live:
+            continue
+        live.add(id(n))
+        stack += [producer[v] for v in n.inputs if v in producer]
+        stack += [producer[v] for v in n.after
+                  if v in producer and (has_effect(producer[v]) or producer[v].op == "depend")]
+    before = len(graph.nodes)
+    graph.nodes = [n for n in graph.nodes if id(n) in live]
+    dropped = 0
+    for n in graph.nodes:
+        kept = [v for v in n.after if v not in producer or id(producer[v]) in live]
+        dropped += len(n.after) - len(kept)
+        n.after = kept
+    return {"removed": before - len(graph.nodes), "after_edges_dropped": dropped}

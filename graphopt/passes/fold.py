@@ -1,0 +1,75 @@
+"""fold: evaluate nodes whose inputs are all constants, at compile time.
+
+The value comes from the op's numpy semantics (the interpreter's), in the node's dtype, so
+folding never changes a result. A result whose elements are all equal becomes a scalar fill
+(`constant {value=0.5} : f32[1000]`), computed on one element when every input is a fill; a
+result with distinct elements is folded only while small (FOLD_MAX_ELEMENTS), so the IR stays
+readable and compile time stays short.
+
+    %0 = constant {value=0.9} : f32[]
+    %1 = constant {value=1.0} : f32[]
+    %2 = subtract %1, %0 : f32[]        ->   %2 = constant {value=0.1} : f32[]
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.opdefs import constant_value
+from ..ir.registry import CONSTANT, CONTROL, EFFECT, ELEMENTWISE, KERNEL, evaluate
+from ..ir.types import TensorType
+from .manager import PassContext, register
+
+FOLD_MAX_ELEMENTS = 64
+
+
+def fill_value(v: Value, producer: dict[Value, Node]) -> int | float | bool | None:
+    """The scalar a value is filled with, if it is a constant fill; else None."""
+    n = producer.get(v)
+    if n is None or n.op != "constant" or isinstance(n.attrs["value"], np.ndarray):
+        return None
+    return n.attrs["value"]
+
+
+@register("fold")
+def fold(graph: Graph, ctx: PassContext) -> dict:
+    producer: dict[Value, Node] = {}
+    replace: dict[Value, Value] = {}
+    folded = 0
+    for i, n in enumerate(graph.nodes):
+        n.inputs = [replace.get(v, v) for v in n.inputs]
+        producer.update((v, n) for v in n.outputs)
+        op = n.opdef
+        if op.category in (CONSTANT, EFFECT, CONTROL, KERNEL) or n.after or \
+                not all(v in producer and producer[v].op == "constant" for v in n.inputs):
+            continue
+        out: TensorType = n.outputs[0].type  # type: ignore[assignment]
+        fills = [fill_value(v, producer) for v in n.inputs]
+        with np.errstate(all="ignore"):
+            if op.category == ELEMENTWISE and all(f is not None for f in fills):
+                scalars = [np.asarray(f, dtype=v.type.dtype.np_dtype)
+                           for f, v in zip(fills, n.inputs)]
+                result = evaluate(op, scalars, n.attrs, [TensorType((), out.dtype)])[0]
+            elif out.size <= FOLD_MAX_ELEMENTS and all(v.type.size <= 1 << 16 for v in n.inputs):
+                arrays = [evaluate(producer[v].opdef, [], producer[v].attrs, [v.type])[0]
+                          for v in n.inputs]
+                result = evaluate(op, arrays, n.attrs, [out])[0]
+            else:
+                continue
+        c = Node("constant", [], {"value": constant_value(_fill_or_array(result), out.dtype),
+                                  "shape": out.shape, "dtype": out.dtype}, [out], loc=n.loc)
+        graph.nodes[i] = c
+        replace[n.outputs[0]] = c.out
+        producer[c.out] = c
+        folded += 1
+    graph.remap(replace)
+    return {"folded": folded}
+
+
+def _fill_or_array(result: np.ndarray):
+    """The scalar when every element has the same bits (NaN and -0.0 included), else the array."""
+    flat = result.reshape(-1)
+    if flat.size == 0:
+        return result
+    rows = flat.view(np.uint8).reshape(flat.size, -1)
+    return flat[0] if (rows == rows[:1]).all() else result

@@ -1,0 +1,174 @@
+"""The pass manager: runs a pipeline of named passes, verifies and measures each one.
+
+    result = graphopt.passes.run(graph, "dce,cse,fold,simplify,fuse,hfuse",
+                                 print_after_change=True)
+    result.graph      # the rewritten graph (the input graph is left as it was)
+    print(result)     # a table: time, nodes before/after, kernels, bytes moved, per pass
+
+A pass is a function `(graph, ctx) -> dict | None` that rewrites the graph in place and may
+return counters for the table ("merged": 3). It is registered under a name with `@register`.
+After each pass the graph is verified; a pass that breaks a rule is named in the error.
+"""
+from __future__ import annotations
+
+import difflib
+import hashlib
+import re
+import sys
+import time
+from dataclasses import dataclass, field
+from typing import Callable, Iterable, TextIO
+
+from ..errors import GraphoptError, VerifyError
+from ..ir.graph import Graph, Node
+from .cost import graph_bytes
+
+DEFAULT_PIPELINE = ("dce", "cse", "fold", "simplify", "cse", "dce", "fuse", "hfuse")
+
+
+class PassError(GraphoptError):
+    """A pipeline names an unknown pass, or a pass produced a graph that does not verify."""
+
+
+@dataclass
+class Refusal:
+    """A rewrite a pass considered and did not make, with the reason (for explain)."""
+
+    pass_name: str
+    node: Node
+    reason: str
+
+
+@dataclass
+class PassContext:
+    """What every pass may read and write besides the graph."""
+
+    fastmath: bool = False
+    refusals: list[Refusal] = field(default_factory=list)
+    current: str = ""
+
+    def refuse(self, node: Node, reason: str) -> None:
+        self.refusals.append(Refusal(self.current, node, reason))
+
+
+@dataclass(frozen=True)
+class Pass:
+    name: str
+    run: Callable[[Graph, PassContext], dict | None]
+    doc: str
+
+
+PASSES: dict[str, Pass] = {}
+
+
+def register(name: str):
+    """Register a pass function under `name`; its docstring is its description."""
+    def wrap(fn: Callable[[Graph, PassContext], dict | None]):
+        PASSES[name] = Pass(name, fn, (fn.__doc__ or "").strip())
+        return fn
+    return wrap
+
+
+@dataclass
+class PassStats:
+    name: str
+    seconds: float
+    nodes_before: int
+    nodes_after: int
+    kernels_before: int
+    kernels_after: int
+    bytes_read: int  # estimated for one run of the graph after the pass
+    bytes_written: int
+    changed: bool
+    counters: dict
+    diff: str  # unified diff of the text IR (empty when unchanged)
+
+    @property
+    def nodes_removed(self) -> int:
+        return self.nodes_before - self.nodes_after
+
+    @property
+    def kernels_formed(self) -> int:
+        return self.kernels_after - self.kernels_before
+
+
+@dataclass
+class PipelineResult:
+    graph: Graph
+    stats: list[PassStats]
+    refusals: list[Refusal]
+
+    def __str__(self) -> str:
+        rows = [f"{'pass':<10} {'ms':>8} {'nodes':>13} {'kernels':>8} {'MB read':>8} "
+                f"{'MB written':>10}  notes"]
+        for s in self.stats:
+            notes = ", ".join(f"{k}={v}" for k, v in s.counters.items() if v)
+            rows.append(f"{s.name:<10} {s.seconds * 1e3:8.2f} {s.nodes_before:>6}->"
+                        f"{s.nodes_after:<6} {s.kernels_after:>8} {s.bytes_read / 1e6:8.3f} "
+                        f"{s.bytes_written / 1e6:10.3f}  {notes or ('' if s.changed else '-')}")
+        return "\n".join(rows)
+
+
+def parse_pipeline(pipeline: str | Iterable[str] | None) -> list[str]:
+    if pipeline is None:
+        return list(DEFAULT_PIPELINE)
+    names = [p.strip() for p in (pipeline.split(",") if isinstance(pipeline, str) else pipeline)]
+    names = [n for n in names if n]
+    unknown = [n for n in names if n not in PASSES]
+    if unknown:
+        raise PassError(f"unknown pass{'es' * (len(unknown) > 1)} {', '.join(unknown)}; known "
+                        f"passes: {', '.join(sorted(PASSES))}")
+    return names
+
+
+def _matches(patterns: str | Iterable[str], name: str) -> bool:
+    pats = [patterns] if isinstance(patterns, str) else list(patterns)
+    return any(re.fullmatch(p, name) for p in pats)
+
+
+def fingerprint(graph: Graph) -> str:
+    return hashlib.sha256(graph.format(locs=True).encode()).hexdigest()
+
+
+def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
+        print_before: str | Iterable[str] = (), print_after: str | Iterable[str] = (),
+        print_after_all: bool = False, print_after_change: bool = False, verify: bool = True,
+        fastmath: bool = False, out: TextIO | None = None) -> PipelineResult:
+    """Run passes on a copy of `graph`. `print_before`/`print_after` take pass names or
+    regular expressions; `print_after_change` prints only after passes that changed the IR."""
+    names = parse_pipeline(pipeline)
+    out = out or sys.stdout
+    g = graph.clone()
+    ctx = PassContext(fastmath=fastmath)
+    stats: list[PassStats] = []
+    for name in names:
+        before_text = g.format(locs=True)
+        if _matches(print_before, name):
+            print(f"# *** IR before {name} ***\n{before_text}", file=out)
+        nodes_before, kernels_before = _sizes(g)
+        ctx.current = name
+        start = time.perf_counter()
+        counters = PASSES[name].run(g, ctx) or {}
+        seconds = time.perf_counter() - start
+        if verify:
+            try:
+                g.verify()
+            except VerifyError as e:
+                raise PassError(f"the graph does not verify after pass '{name}' (pipeline "
+                                f"{','.join(names)}): {e}") from e
+        after_text = g.format(locs=True)
+        changed = after_text != before_text
+        diff = "" if not changed else "".join(difflib.unified_diff(
+            before_text.splitlines(True), after_text.splitlines(True),
+            f"before {name}", f"after {name}", n=1))
+        read, written = graph_bytes(g)
+        stats.append(PassStats(name, seconds, nodes_before, len(g.nodes), kernels_before,
+                               _sizes(g)[1], read, written, changed, counters, diff))
+        if print_after_all or _matches(print_after, name) or (print_after_change and changed):
+            print(f"# *** IR after {name}{'' if changed else ' (no change)'} ***\n{after_text}",
+                  file=out)
+    return PipelineResult(g, stats, ctx.refusals)
+
+
+def _sizes(g: Graph) -> tuple[int, int]:
+    return len(g.nodes), sum(n.body is not None for n in g.nodes)
