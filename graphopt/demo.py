@@ -1,8 +1,9 @@
 """`graphopt demo`: compile an Adam step over a small network's parameters and show it.
 
-It traces the step into one graph, prints the IR with source locations, runs a few steps
-(checking each against plain numpy), and writes the graph as text, DOT and, when graphviz's
-`dot` program is installed, SVG.
+It traces the step into one graph, prints the IR with source locations, runs the pass
+pipeline (which fuses the update of every parameter into one multi-tensor kernel), runs a few
+steps (checking each against plain numpy), and writes both graphs as text, DOT and, when
+graphviz's `dot` program is installed, SVG.
 """
 from __future__ import annotations
 
@@ -70,9 +71,15 @@ def run(out_dir: str = "graphopt_demo_out", steps: int = 5) -> int:
              for _ in range(steps)]
 
     compiled = adam_step.lower(grads[0], 1e-3)
+    traced = compiled.traced_graph
+    print(f"== traced IR of adam_step ({len(traced.nodes)} nodes, {len(traced.params)} "
+          f"parameters, {len(traced.assigns())} assigns)\n")
+    print(traced.format(locs=True))
+    print("\n== the pass pipeline\n")
+    print(compiled.pass_result)
     graph = compiled.graph
-    print(f"== traced IR of adam_step ({len(graph.nodes)} nodes, {len(graph.params)} parameters, "
-          f"{len(graph.assigns())} assigns)\n")
+    print(f"\n== after the passes ({len(graph.nodes)} nodes; kernel comments give the bytes "
+          f"each moves)\n")
     print(graph.format(locs=True))
 
     print(f"\n== {steps} steps (interpreter backend), checked against plain numpy")
@@ -92,6 +99,7 @@ def run(out_dir: str = "graphopt_demo_out", steps: int = 5) -> int:
     out.mkdir(parents=True, exist_ok=True)
     print("\n== files")
     for ext in ("txt", "dot") + (("svg",) if shutil.which("dot") else ()):
+        print("wrote", go.dump(traced, out / f"adam_step.traced.{ext}"))
         print("wrote", go.dump(graph, out / f"adam_step.{ext}"))
     if not shutil.which("dot"):
         print("(install graphviz's `dot` program to get adam_step.svg too)")

@@ -25,11 +25,13 @@ def test_examples_exist():
 def test_demo(tmp_path, capsys):
     assert main(["demo", "--out", str(tmp_path), "--steps", "3"]) == 0
     out = capsys.readouterr().out
-    assert "graph adam_step {" in out and "= assign @fc1.w," in out
+    assert "graph adam_step {" in out and "= assign @fc1.w," in out  # the traced IR
+    assert "store %x" in out and "28 B/elem" in out  # the fused update kernel
     errors = [float(line.split("= ")[-1].split()[0]) for line in out.splitlines()
               if "max |graphopt - numpy|" in line]
     assert len(errors) == 3 and max(errors) < 1e-6
     assert (tmp_path / "adam_step.txt").read_text().startswith("graph adam_step {")
+    assert (tmp_path / "adam_step.traced.txt").read_text().startswith("graph adam_step {")
     assert (tmp_path / "adam_step.dot").read_text().startswith("digraph")
 
 

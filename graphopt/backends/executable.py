@@ -6,7 +6,7 @@ before anything runs, and the new parameter values are written only after the wh
 from __future__ import annotations
 
 import time
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 import numpy as np
 
@@ -20,9 +20,13 @@ from . import get_backend
 
 
 class Executable:
-    def __init__(self, fn: Callable, traced: Traced, backend: str):
+    def __init__(self, fn: Callable, traced: Traced, backend: str,
+                 passes: str | Sequence[str] | None = None, fastmath: bool = False):
+        from .. import passes as pass_manager
         self.fn = fn
-        self.graph: Graph = traced.graph
+        self.traced_graph: Graph = traced.graph  # as traced, before any pass
+        self.pass_result = pass_manager.run(traced.graph, passes, fastmath=fastmath)
+        self.graph: Graph = self.pass_result.graph  # what runs
         self.backend_name = backend
         self._backend = get_backend(backend)
         self._in_tree, self._out_tree = traced.in_tree, traced.out_tree

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
-from typing import Any, Callable
+from typing import Any, Callable, Sequence
 
 from . import pytree
 from .tracer import bind_arguments, current_trace, leaf_spec, trace_function
@@ -23,9 +23,13 @@ class CacheInfo:
 
 
 class JittedFunction:
-    def __init__(self, fn: Callable, backend: str = "interpreter"):
+    def __init__(self, fn: Callable, backend: str = "interpreter",
+                 passes: str | Sequence[str] | None = None, fastmath: bool = False):
         from ..backends import get_backend
-        get_backend(backend)  # an unknown backend fails here, not at the first call
+        from ..passes.manager import parse_pipeline
+        get_backend(backend)  # an unknown backend or pass fails here, not at the first call
+        self.passes = parse_pipeline(passes)
+        self.fastmath = fastmath
         self.fn = fn
         self.backend = backend
         self._cache: dict[tuple, Any] = {}
@@ -44,7 +48,7 @@ class JittedFunction:
             traced = trace_function(self.fn, args, kwargs)
             self._traces += 1
             traced.graph.verify()
-            exe = Executable(self.fn, traced, self.backend)
+            exe = Executable(self.fn, traced, self.backend, self.passes, self.fastmath)
             self._compiles += 1
             self._cache[key] = exe
             self._tree = tree
@@ -66,8 +70,13 @@ class JittedFunction:
         return CacheInfo(self._traces, self._compiles, self._hits, len(self._cache))
 
 
-def jit(fn: Callable | None = None, *, backend: str = "interpreter"):
-    """Compile a step function: `@jit`, `@jit(backend=...)` or `jit(fn, backend=...)`."""
+def jit(fn: Callable | None = None, *, backend: str = "interpreter",
+        passes: str | Sequence[str] | None = None, fastmath: bool = False):
+    """Compile a step function: `@jit`, `@jit(backend=..., passes=...)` or `jit(fn, ...)`.
+
+    `passes` is the pipeline (names, or "dce,cse,..."); None means the default pipeline
+    (graphopt.passes.DEFAULT_PIPELINE) and "" none. `fastmath` allows rewrites that are only
+    algebraically exact (see passes/simplify.py)."""
     if fn is None:
-        return lambda f: JittedFunction(f, backend)
-    return JittedFunction(fn, backend)
+        return lambda f: JittedFunction(f, backend, passes, fastmath)
+    return JittedFunction(fn, backend, passes, fastmath)

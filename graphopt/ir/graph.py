@@ -146,11 +146,15 @@ class Graph:
         the value it maps to instead. One walk over the graph, however many values change."""
         if not mapping:
             return
+        def ordering(values: list[Value]) -> list[Value]:
+            # Ordering edges form a set: two that now name one value become one.
+            return list(dict.fromkeys(mapping.get(v, v) for v in values))
+
         for n in self.nodes:
             n.inputs = [mapping.get(v, v) for v in n.inputs]
-            n.after = [mapping.get(v, v) for v in n.after]
+            n.after = ordering(n.after)
         self.outputs = [mapping.get(v, v) for v in self.outputs]
-        self.effects = [mapping.get(v, v) for v in self.effects]
+        self.effects = ordering(self.effects)
 
     def clone(self) -> Graph:
         """A deep copy: new Values and Nodes (bodies too), the same structure."""

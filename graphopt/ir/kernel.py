@@ -34,7 +34,7 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import OpTypeError
+from ..errors import ExecutionError, OpTypeError
 from .graph import Graph, Node, Value
 from .registry import EFFECT, KERNEL, OpDef, register
 from .types import TensorType, Type, token
@@ -171,11 +171,16 @@ def run(node: Node, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray],
                 target = node.inputs[lay.operand_index(i, body.inputs.index(n.inputs[0]))]
                 writes.append((target, np.broadcast_to(env[n.inputs[1]], space)))
                 continue
-            env[n.outputs[0]] = evaluate_element(n.opdef, [env[v] for v in n.inputs], n.attrs,
-                                                 n.outputs[0].type)
+            try:
+                env[n.outputs[0]] = evaluate_element(n.opdef, [env[v] for v in n.inputs],
+                                                     n.attrs, n.outputs[0].type)
+            except Exception as e:  # numpy's own error: name the fused node, not the kernel
+                raise ExecutionError(f"{n.op} (fused in a kernel) failed while the step ran: "
+                                     f"{e}; no parameter was changed", loc=n.loc) from None
         for kind, r in zip(node.attrs["outputs"], body.outputs):
             full = np.broadcast_to(env[r], space)
-            result = full if kind == "map" else REDUCTIONS[kind](full)
+            # The same call as the unfused reduction node: the same summation order.
+            result = full if kind == "map" else REDUCTIONS[kind](full, axis=tuple(range(len(space))))
             outputs.append(np.array(result, dtype=r.dtype.np_dtype))
     return outputs, writes
 

@@ -98,6 +98,17 @@ class Namer:
         return self.names.get(v) or self.define(v)
 
 
+def value_names(graph: Graph) -> dict[Value, str]:
+    """The name each value of a graph has in its printed text."""
+    name = Namer()
+    for v in graph.inputs:
+        name.define(v)
+    for n in graph.nodes:
+        for v in n.outputs:
+            name.define(v)
+    return name.names
+
+
 def format_attrs(node: Node) -> str:
     """`k=v, ...` in the op's declared order, leaving out what the result type shows."""
     op = REGISTRY.get(node.op)  # a broken graph may name an unknown op; print it anyway

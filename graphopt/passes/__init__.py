@@ -1,1 +1,15 @@
-"""Passes that rewrite a Graph (the pass manager, DCE, CSE, folding, fusion) live here."""
+"""Passes rewrite a Graph; the manager runs them as a pipeline (see manager.py).
+
+    dce       remove what the return does not reach
+    cse       merge identical pure nodes
+    fold      evaluate nodes whose inputs are constants
+    simplify  exact algebraic identities and strength reduction
+    fuse      elementwise nodes of one iteration space -> kernel nodes (vertical fusion)
+    hfuse     kernels with the same body -> one multi-tensor kernel (horizontal fusion)
+"""
+from . import cse, dce, fold, fuse, hfuse, simplify  # noqa: F401  (each registers its pass)
+from .manager import (DEFAULT_PIPELINE, PASSES, Pass, PassContext, PassError, PassStats,
+                      PipelineResult, Refusal, register, run)
+
+__all__ = ["run", "register", "PASSES", "DEFAULT_PIPELINE", "Pass", "PassContext", "PassError",
+           "PassStats", "PipelineResult", "Refusal"]

@@ -20,10 +20,10 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, TextIO
 
 from ..errors import GraphoptError, VerifyError
-from ..ir.graph import Graph, Node
+from ..ir.graph import Graph
 from .cost import graph_bytes
 
-DEFAULT_PIPELINE = ("dce", "cse", "fold", "simplify", "cse", "dce", "fuse", "hfuse")
+DEFAULT_PIPELINE = ("dce", "cse", "fold", "simplify", "cse", "dce", "fuse", "hfuse", "dce")
 
 
 class PassError(GraphoptError):
@@ -35,8 +35,13 @@ class Refusal:
     """A rewrite a pass considered and did not make, with the reason (for explain)."""
 
     pass_name: str
-    node: Node
+    subject: str  # what was not rewritten, as printed before the pass ("%5 = multiply")
     reason: str
+    loc: object = None
+
+    def __str__(self) -> str:
+        where = f" ({self.loc.full()})" if self.loc is not None else ""
+        return f"{self.pass_name}: {self.subject}{where}: {self.reason}"
 
 
 @dataclass
@@ -47,8 +52,8 @@ class PassContext:
     refusals: list[Refusal] = field(default_factory=list)
     current: str = ""
 
-    def refuse(self, node: Node, reason: str) -> None:
-        self.refusals.append(Refusal(self.current, node, reason))
+    def refuse(self, subject: str, reason: str, loc: object = None) -> None:
+        self.refusals.append(Refusal(self.current, subject, reason, loc))
 
 
 @dataclass(frozen=True)
@@ -111,6 +116,8 @@ class PipelineResult:
 
 def parse_pipeline(pipeline: str | Iterable[str] | None) -> list[str]:
     if pipeline is None:
+        return list(DEFAULT_PIPELINE)
+    if isinstance(pipeline, str) and pipeline.strip().lower() == "default":
         return list(DEFAULT_PIPELINE)
     names = [p.strip() for p in (pipeline.split(",") if isinstance(pipeline, str) else pipeline)]
     names = [n for n in names if n]

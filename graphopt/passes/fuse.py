@@ -1,0 +1,278 @@
+"""fuse: vertical fusion of elementwise nodes into kernel nodes.
+
+Nodes that compute one element per element of the same iteration space (their output
+shape; operands may be smaller and broadcast, as in numpy) are grouped, producer into
+consumer, in graph order. Each group becomes one `kernel` node whose body computes one
+element (see ir/kernel.py), so its intermediate values never touch memory:
+
+  - an `assign` whose value the group computes joins it as a `store`: the kernel updates the
+    parameter's buffer in place instead of writing a new tensor and copying it;
+  - a full reduction (sum, max or mean over every axis: a gradient norm's sum of squares, the
+    all-finite check of loss scaling) may end a kernel: it is an output of the group, and
+    nothing in the same group may use it, because it exists only once the kernel is done;
+  - scalar constants are copied into every body that uses them (the only work fusion ever
+    duplicates: they cost nothing to recompute and nothing to read).
+
+A merge is refused, and the reason recorded for `explain`, when
+  - the iteration spaces differ (a scalar computation stays a kernel of its own: redoing it
+    for each element would cost more than passing its one result);
+  - a path between the two groups leaves them (through a node or a kernel outside): merging
+    would make a cycle. After edges count as paths, so a write-after-read order is kept;
+  - the consumer needs a reduction the producer group computes.
+Nodes that carry after edges (a `depend`), and every non-elementwise node, stay outside.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ..ir.analysis import producers, toposort
+from ..ir.graph import Graph, Node, Value
+from ..ir.kernel import infer_types
+from ..ir.printer import value_names
+from ..ir.registry import ELEMENTWISE
+from ..ir.types import TensorType
+from .manager import PassContext, register
+
+REDUCE_OPS = ("sum", "max", "mean")
+
+
+@dataclass(eq=False)
+class Group:
+    space: tuple[int, ...]
+    members: list[Node] = field(default_factory=list)
+
+    def reductions(self) -> list[Node]:
+        return [n for n in self.members if n.op in REDUCE_OPS]
+
+
+def space_of(n: Node) -> tuple[int, ...] | None:
+    """The iteration space a node can be fused in, or None if it cannot be fused."""
+    if n.after and n.op != "assign":
+        return None
+    if n.op == "assign":
+        return n.inputs[0].shape
+    if n.op in REDUCE_OPS:
+        x = n.inputs[0]
+        full = tuple(n.attrs["axes"]) == tuple(range(x.type.ndim))
+        return x.shape if full and not n.attrs["keepdims"] else None
+    if n.opdef.category == ELEMENTWISE and len(n.outputs) == 1:
+        return n.outputs[0].shape
+    return None
+
+
+class _Fuser:
+    def __init__(self, graph: Graph, ctx: PassContext):
+        self.graph, self.ctx = graph, ctx
+        self.producer = producers(graph)
+        self.index = {id(n): i for i, n in enumerate(graph.nodes)}
+        self.group: dict[int, Group] = {}  # id(node) -> its group
+        self.names = value_names(graph)
+
+    def name(self, n: Node) -> str:
+        return f"{self.names[n.outputs[0]]} = {n.op}" if n.outputs else n.op
+
+    # -- legality ------------------------------------------------------------------------------
+    def path_leaving(self, src: Group, dst: Group) -> Node | None:
+        """The first outside node on a path dst <- ... <- src that leaves both groups, if any.
+        Groups are walked as units: a kernel runs whole, so reaching any member reaches all."""
+        inside = {id(n) for n in src.members + dst.members}
+        floor = min(self.index[id(n)] for n in src.members)
+        seen: set[int] = set()
+        for start in self._outside_producers(dst, inside):
+            stack = [start]
+            while stack:
+                m = stack.pop()
+                if id(m) in inside:
+                    return start
+                if id(m) in seen or self.index[id(m)] < floor:
+                    continue
+                seen.add(id(m))
+                g = self.group.get(id(m))
+                for member in (g.members if g is not None else [m]):
+                    seen.add(id(member))
+                    stack += [self.producer[v] for v in member.operands() if v in self.producer]
+        return None
+
+    def _outside_producers(self, g: Group, inside: set[int]) -> list[Node]:
+        out = []
+        for n in g.members:
+            for v in n.operands():
+                p = self.producer.get(v)
+                if p is not None and id(p) not in inside:
+                    out.append(p)
+        return out
+
+    def why_not(self, a: Group, b: Group) -> str | None:
+        """Why groups a and b cannot become one kernel, or None if they can."""
+        for x, y in ((a, b), (b, a)):
+            done = {id(v) for r in x.reductions() for v in r.outputs}
+            for n in y.members:
+                for v in n.inputs:
+                    if id(v) in done:
+                        return (f"{self.names[v]} is a full reduction: it exists only once its "
+                                f"kernel has finished, so it cannot be used inside it")
+        if a.space != b.space:
+            if a.space == () or b.space == ():
+                big = list(b.space or a.space)
+                return (f"cost: a scalar computation stays out of a kernel over {big}: redoing "
+                        f"it for each element costs more than passing its one result")
+            return f"iteration spaces differ: {list(a.space)} vs {list(b.space)}"
+        for x, y in ((a, b), (b, a)):
+            via = self.path_leaving(x, y)
+            if via is not None:
+                g = self.group.get(id(via))
+                what = "the kernel holding " if g is not None and len(g.members) > 1 else ""
+                return f"would make a cycle: a path between them leaves through {what}{self.name(via)}"
+        return None
+
+    def merge(self, a: Group, b: Group) -> Group:
+        a.members = sorted(a.members + b.members, key=lambda n: self.index[id(n)])
+        for n in a.members:
+            self.group[id(n)] = a
+        return a
+
+    # -- grouping ------------------------------------------------------------------------------
+    def group_nodes(self) -> None:
+        for n in self.graph.nodes:
+            space = space_of(n)
+            if space is None or n.op == "constant":
+                continue
+            if n.op == "assign":
+                source = self.group.get(id(self.producer.get(n.inputs[1])))
+                if source is None:
+                    continue  # nothing fused computes the value: the assign stays as it is
+                reason = self.why_not(source, Group(space, [n]))
+                if reason:
+                    self.ctx.refuse(f"{self.name(n)} {self.names[n.inputs[0]]}", f"stays a "
+                                    f"separate assign: {reason}", n.loc)
+                else:
+                    self.merge(source, Group(space, [n]))
+                continue
+            g = Group(space, [n])
+            self.group[id(n)] = g
+            for v in n.inputs:
+                pg = self.group.get(id(self.producer.get(v)))
+                if pg is None or pg is g or self.producer[v].op == "constant":
+                    continue
+                reason = self.why_not(pg, g)
+                if reason:
+                    self.ctx.refuse(f"{self.name(n)} into the kernel of "
+                                    f"{self.name(self.producer[v])}", reason, n.loc)
+                else:
+                    g = self.merge(pg, g)
+
+    # -- building kernels ----------------------------------------------------------------------
+    def build(self, g: Group, users: dict[Value, list[Node]]) -> tuple[Node, dict[Value, Value],
+                                                                        set[Value]]:
+        """The kernel node for a group; outer value -> kernel output; values it absorbed."""
+        inside = {id(n) for n in g.members}
+        body = Graph("kernel")
+        operands: list[Value] = []
+        env: dict[Value, Value] = {}
+
+        def element(v: Value) -> Value:
+            if v in env:
+                return env[v]
+            p = self.producer.get(v)
+            if p is not None and p.op == "constant" and not isinstance(p.attrs["value"], np.ndarray):
+                t = TensorType((), v.dtype)  # a fill: one scalar, copied into the body
+                c = body.add_node("constant", [], {**p.attrs, "shape": ()}, out_types=[t],
+                                  loc=p.loc)
+                env[v] = c.out
+            else:
+                operands.append(v)
+                env[v] = body.add_input("arg", f"x{len(operands) - 1}", TensorType((), v.dtype))
+            return env[v]
+
+        kinds: list[str] = []
+        results: list[Value] = []  # outer values the kernel outputs
+        stores: list[Value] = []
+        for n in g.members:
+            if n.op == "assign":
+                target, value = element(n.inputs[0]), element(n.inputs[1])
+                stores.append(body.add_node("store", [target, value], loc=n.loc).out)
+            elif n.op in REDUCE_OPS:
+                kinds.append(n.op)
+                results.append(n.out)
+                body.outputs.append(element(n.inputs[0]))
+            else:
+                env[n.out] = body.add_node(n.op, [element(v) for v in n.inputs], n.attrs,
+                                           loc=n.loc).out
+        for n in g.members:  # element results read outside the kernel leave it as "map"
+            if n.op in REDUCE_OPS or n.op == "assign":
+                continue
+            if any(id(u) not in inside for u in users.get(n.out, ())) or \
+                    n.out in self.graph.outputs:
+                kinds.append("map")
+                results.append(n.out)
+                body.outputs.append(env[n.out])
+        body.effects = stores
+        after = []
+        for n in g.members:
+            for v in n.after:
+                p = self.producer.get(v)
+                if (p is None or id(p) not in inside) and v not in after and v not in operands:
+                    after.append(v)
+        k = Node("kernel", operands, {"spaces": [list(g.space)], "outputs": kinds, "shared": []},
+                 [], after, body=body)
+        k.outputs = [Value(t, k, i) for i, t in enumerate(infer_types(k))]
+        mapping = dict(zip(results, k.outputs))
+        for n in g.members:
+            if n.op == "assign":
+                mapping[n.out] = k.outputs[-1]
+        absorbed = {v for n in g.members for v in n.outputs if v not in mapping}
+        return k, mapping, absorbed
+
+    def _needed(self, g: Group, users: dict[Value, list[Node]]) -> bool:
+        """Whether anything outside reads the group or it stores: a group nothing reads
+        (dead code dce has not removed yet) is left as it is."""
+        inside = {id(n) for n in g.members}
+        return any(n.op == "assign" or n.out in self.graph.outputs or
+                   any(id(u) not in inside for u in users.get(n.out, ())) for n in g.members)
+
+    def _data_users(self) -> dict[Value, list[Node]]:
+        users: dict[Value, list[Node]] = {}
+        for n in self.graph.nodes:
+            for v in n.inputs:
+                users.setdefault(v, []).append(n)
+        return users
+
+    def rewrite(self) -> int:
+        users = self._data_users()
+        groups: list[Group] = []
+        for n in self.graph.nodes:
+            g = self.group.get(id(n))
+            if g is not None and g.members[0] is n and self._needed(g, users):
+                groups.append(g)
+        mapping: dict[Value, Value] = {}
+        kernel_of: dict[int, Node] = {}
+        for g in groups:
+            k, outs, absorbed = self.build(g, users)
+            mapping.update(outs)
+            for n in g.members:
+                kernel_of[id(n)] = k
+            # An after edge to a value that no longer exists waits for the whole kernel.
+            mapping.update((v, k.outputs[0]) for v in absorbed)
+        nodes, placed = [], set()
+        for n in self.graph.nodes:
+            k = kernel_of.get(id(n))
+            if k is None:
+                nodes.append(n)
+            elif id(k) not in placed:
+                placed.add(id(k))
+                nodes.append(k)
+        self.graph.nodes = nodes
+        self.graph.remap(mapping)
+        toposort(self.graph)
+        return len(groups)
+
+
+@register("fuse")
+def fuse(graph: Graph, ctx: PassContext) -> dict:
+    f = _Fuser(graph, ctx)
+    f.group_nodes()
+    absorbed = sum(len(g.members) for g in {id(g): g for g in f.group.values()}.values())
+    kernels = f.rewrite()
+    return {"kernels": kernels, "nodes_fused": absorbed}

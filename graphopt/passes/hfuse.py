@@ -1,0 +1,126 @@
+"""hfuse: horizontal (multi-tensor) fusion: kernels with one body become one kernel.
+
+An optimizer applies the same update rule to every parameter, so after `fuse` there is one
+kernel per parameter, all with the same body. `hfuse` maps that body over all of them in one
+multi-tensor kernel (MindSpore's HyperMap): one body to compile, one call to run, however many
+parameters. Kernels are combined when
+  - their bodies print the same (same ops, attributes, dtypes, constants) and their outputs
+    are of the same kinds;
+  - every operand either streams (has exactly the kernel's iteration space: one tensor per
+    instance) or is a scalar that all of them share (a learning rate, a bias correction);
+    sizes may differ from one instance to the next;
+  - no kernel depends on another of the group (that would need two passes, not one).
+
+    %5, %6 = kernel @w0, %g0, %lr {spaces=[[4,3]], ...}      %9 = kernel @w0, %g0, @w1, %g1,
+    %7, %8 = kernel @w1, %g1, %lr {spaces=[[10]], ...}   ->       %lr {spaces=[[4,3], [10]],
+                                                                  shared=[2], ...}
+"""
+from __future__ import annotations
+
+from ..ir.analysis import producers, toposort
+from ..ir.graph import Graph, Node, Value
+from ..ir.kernel import infer_types, layout
+from ..ir.printer import format_graph, value_names
+from .manager import PassContext, register
+
+
+def signature(k: Node) -> tuple | None:
+    """What kernels must share to be one multi-tensor kernel; None if k cannot take part."""
+    if len(k.attrs["spaces"]) != 1:
+        return None
+    space = tuple(k.attrs["spaces"][0])
+    shared = []
+    for j, v in enumerate(k.inputs):
+        if v.shape == () and space != ():
+            shared.append((j, id(v)))  # the same scalar for every instance
+        elif v.shape != space:
+            return None  # a broadcast operand: its layout would differ per instance
+    return (format_graph(k.body), tuple(k.attrs["outputs"]), tuple(shared), space == ())
+
+
+@register("hfuse")
+def hfuse(graph: Graph, ctx: PassContext) -> dict:
+    producer = producers(graph)
+    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    names = value_names(graph)
+    buckets: dict[tuple, list[list[Node]]] = {}
+    for n in graph.nodes:
+        if n.body is None:
+            continue
+        sig = signature(n)
+        if sig is None or sig[-1]:  # scalar kernels: nothing to gain from mapping them
+            continue
+        for bundle in buckets.setdefault(sig, []):
+            via = _depends_on(n, bundle, producer, index)
+            if via is None:
+                bundle.append(n)
+                break
+            ctx.refuse(f"{names[n.outputs[0]]} = kernel",
+                       f"not mapped with the kernel of {names[bundle[0].outputs[0]]}: it depends "
+                       f"on {names[via.outputs[0]]} of that group", None)
+        else:
+            buckets[sig].append([n])
+    mapping: dict[Value, Value] = {}
+    replaced: dict[int, Node] = {}
+    made = 0
+    for bundles in buckets.values():
+        for bundle in bundles:
+            if len(bundle) < 2:
+                continue
+            k = _combine(bundle)
+            made += 1
+            for old in bundle:
+                replaced[id(old)] = k
+            lay = layout(k)
+            for i, old in enumerate(bundle):
+                for j in range(lay.body_outputs):
+                    mapping[old.outputs[j]] = k.outputs[lay.output_index(i, j)]
+                if lay.has_token:
+                    mapping[old.outputs[-1]] = k.outputs[-1]
+    nodes, placed = [], set()
+    for n in graph.nodes:
+        k = replaced.get(id(n))
+        if k is None:
+            nodes.append(n)
+        elif id(k) not in placed:
+            placed.add(id(k))
+            nodes.append(k)
+    graph.nodes = nodes
+    graph.remap(mapping)
+    toposort(graph)
+    return {"multi_tensor_kernels": made,
+            "kernels_mapped": sum(1 for _ in replaced)}
+
+
+def _depends_on(n: Node, bundle: list[Node], producer: dict[Value, Node],
+                index: dict[int, int]) -> Node | None:
+    """A member of `bundle` that n depends on, if any (members all come before n)."""
+    members = {id(m): m for m in bundle}
+    floor = min(index[id(m)] for m in bundle)
+    seen: set[int] = set()
+    stack = [producer[v] for v in n.operands() if v in producer]
+    while stack:
+        m = stack.pop()
+        if id(m) in members:
+            return m
+        if id(m) in seen or index[id(m)] < floor:
+            continue
+        seen.add(id(m))
+        stack += [producer[v] for v in m.operands() if v in producer]
+    return None
+
+
+def _combine(bundle: list[Node]) -> Node:
+    first = bundle[0]
+    space = tuple(first.attrs["spaces"][0])
+    shared = [j for j, v in enumerate(first.inputs) if v.shape == () and space != ()]
+    per = [j for j in range(len(first.inputs)) if j not in shared]
+    inputs = [k.inputs[j] for k in bundle for j in per] + [first.inputs[j] for j in shared]
+    after: list[Value] = []
+    for k in bundle:
+        after += [v for v in k.after if v not in after]
+    attrs = {"spaces": [list(k.attrs["spaces"][0]) for k in bundle],
+             "outputs": list(first.attrs["outputs"]), "shared": shared}
+    node = Node("kernel", inputs, attrs, [], after, body=first.body)
+    node.outputs = [Value(t, node, i) for i, t in enumerate(infer_types(node))]
+    return node

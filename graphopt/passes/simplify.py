@@ -1,0 +1,154 @@
+"""simplify: algebraic identities and strength reduction that never change a result.
+
+Floating-point rules kept (IEEE 754, as numpy computes): a rewrite is made only when it gives
+the same bits for every input, NaN, Inf and -0.0 included; rewrites that are only
+algebraically true run under `fastmath=True` alone.
+
+    always                              only with fastmath (why not always)
+    x * 1, 1 * x      -> x              x * 0   -> 0       (NaN*0 and Inf*0 are NaN; -x*0 is -0)
+    x + (-0.0)        -> x              x + 0.0 -> x       (-0.0 + 0.0 is +0.0)
+    x - 0.0, x / 1    -> x              x ** 0.5 -> sqrt x (pow(-0, .5) = +0, sqrt(-0) = -0;
+    -(-x)             -> x                                   pow(-inf, .5) = inf, sqrt = NaN)
+    x / c -> x * (1/c)  when c is a power of two (1/c exact)   x / c -> x * (1/c) for any c
+    x ** 2            -> x * x
+    1 / sqrt(x)       -> rsqrt(x)       (rsqrt is defined as 1/sqrt: same bits)
+    cast(cast(x, A), B) -> cast(x, B)   when the first cast is exact (A widens x's dtype)
+    cast(x, dtype of x) -> x
+Integer x * 0 -> 0 and x + 0 -> x are always exact. No rewrite replaces a value by a
+parameter's `@name`: `b := a * 1` may be the copy a swap of two parameters needs.
+"""
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import numpy as np
+
+from ..ir.graph import Graph, Node, Value
+from ..ir.opdefs import constant_value
+from ..ir.types import DType, TensorType
+from .fold import fill_value
+from .manager import PassContext, register
+
+# dtype -> the dtypes that hold each of its values exactly
+WIDENS = {"bool": {"i32", "i64", "f16", "bf16", "f32", "f64"}, "f16": {"f32", "f64"},
+          "bf16": {"f32", "f64"}, "f32": {"f64"}, "i32": {"i64", "f64"}}
+
+
+def _is(x: Any, target: float) -> bool:
+    """x equals target with the same sign (so -0.0 is not 0.0)."""
+    return x is not None and not isinstance(x, bool) and x == target and \
+        math.copysign(1.0, x) == math.copysign(1.0, target)
+
+
+def _power_of_two(c: Any, dtype: DType) -> bool:
+    if c is None or isinstance(c, bool) or not math.isfinite(c) or c == 0:
+        return False
+    mantissa, _ = math.frexp(abs(c))
+    inv = np.asarray(1.0 / c, dtype=dtype.np_dtype)
+    return mantissa == 0.5 and np.isfinite(inv) and float(inv) * c == 1.0 and \
+        np.abs(inv) >= np.finfo(dtype.np_dtype).tiny
+
+
+class _Rewriter:
+    def __init__(self, graph: Graph, ctx: PassContext):
+        self.ctx = ctx
+        self.producer: dict[Value, Node] = {}
+        self.new: list[Node] = []
+        self.counts: dict[str, int] = {}
+
+    def emit(self, op: str, inputs: list[Value], attrs: dict | None, like: Node) -> Value:
+        n = Node(op, inputs, attrs, [like.outputs[0].type], loc=like.loc)
+        self.new.append(n)
+        self.producer[n.out] = n
+        return n.out
+
+    def const(self, value: Any, like: Node) -> Value:
+        t: TensorType = like.outputs[0].type  # type: ignore[assignment]
+        n = Node("constant", [], {"value": constant_value(value, t.dtype), "shape": (),
+                                  "dtype": t.dtype}, [TensorType((), t.dtype)], loc=like.loc)
+        self.new.append(n)
+        return n.out
+
+    def rewrite(self, n: Node) -> tuple[str, Value] | None:
+        """(rule name, the value that replaces n's output), or None."""
+        if len(n.outputs) != 1 or n.after or n.body is not None:
+            return None
+        out = n.outputs[0]
+        fast = self.ctx.fastmath
+        ins = n.inputs
+        fills = [fill_value(v, self.producer) for v in ins]
+        exact_int = isinstance(out.type, TensorType) and not out.dtype.is_float
+
+        def same(v: Value) -> bool:
+            # v can stand for out: same type (no broadcast lost), and not a parameter's @name:
+            # `a * 1` may be the copy that lets one parameter's new value be another's old one.
+            return v.type == out.type and v.kind != "param"
+
+        if n.op == "multiply":
+            for x, c in ((ins[0], fills[1]), (ins[1], fills[0])):
+                if c is not None and c == 1 and same(x):
+                    return "x*1", x
+                if c is not None and c == 0 and (exact_int or fast):
+                    return "x*0", self.emit("constant", [], {"value": constant_value(0, out.dtype),
+                                                             "shape": out.type.shape,
+                                                             "dtype": out.dtype}, n)
+        if n.op == "add":
+            for x, c in ((ins[0], fills[1]), (ins[1], fills[0])):
+                if c is not None and same(x) and (_is(c, -0.0) or (c == 0 and (exact_int or fast))):
+                    return "x+0", x
+        if n.op == "subtract" and same(ins[0]) and fills[1] is not None and \
+                (_is(fills[1], 0.0) or (fills[1] == 0 and exact_int)):
+            return "x-0", ins[0]
+        if n.op == "divide":
+            c = fills[1]
+            if c is not None and c == 1 and same(ins[0]):
+                return "x/1", ins[0]
+            if c is not None and (_power_of_two(c, out.dtype) or
+                                  (fast and c != 0 and math.isfinite(c))):
+                return "x/c", self.emit("multiply", [ins[0], self.const(1.0 / c, n)], None, n)
+            p = self.producer.get(ins[1])
+            if fills[0] is not None and fills[0] == 1 and p is not None and p.op == "sqrt" \
+                    and same(ins[1]):
+                return "1/sqrt", self.emit("rsqrt", [p.inputs[0]], None, n)
+        if n.op == "negative":
+            p = self.producer.get(ins[0])
+            if p is not None and p.op == "negative" and same(p.inputs[0]):
+                return "--x", p.inputs[0]
+        if n.op == "power" and same(ins[0]):
+            if fills[1] is not None and fills[1] == 2:
+                return "x**2", self.emit("multiply", [ins[0], ins[0]], None, n)
+            if fills[1] is not None and fills[1] == 0.5 and fast:
+                return "x**0.5", self.emit("sqrt", [ins[0]], None, n)
+        if n.op == "cast":
+            x = ins[0]
+            if x.dtype == out.dtype:
+                return "cast-noop", x
+            p = self.producer.get(x)
+            if p is not None and p.op == "cast" and x.dtype.name in WIDENS.get(
+                    p.inputs[0].dtype.name, ()):
+                return "cast-cast", self.emit("cast", [p.inputs[0]], {"dtype": out.dtype}, n)
+        return None
+
+
+@register("simplify")
+def simplify(graph: Graph, ctx: PassContext) -> dict:
+    rw = _Rewriter(graph, ctx)
+    replace: dict[Value, Value] = {}
+    nodes: list[Node] = []
+    for n in graph.nodes:
+        n.inputs = [replace.get(v, v) for v in n.inputs]
+        n.after = [replace.get(v, v) for v in n.after]
+        rw.new = []
+        hit = rw.rewrite(n)
+        if hit is None:
+            nodes.append(n)
+            rw.producer.update((v, n) for v in n.outputs)
+            continue
+        rule, value = hit
+        rw.counts[rule] = rw.counts.get(rule, 0) + 1
+        nodes += rw.new  # new nodes keep the order valid: their inputs precede n
+        replace[n.outputs[0]] = value
+    graph.nodes = nodes
+    graph.remap(replace)
+    return dict(sorted(rw.counts.items()))
