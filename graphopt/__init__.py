@@ -6,6 +6,8 @@ from .frontend import (EagerTensor, Parameter, Tensor, TracedTensor, assign, dep
 from . import ops  # noqa: E402  (after the frontend it builds on)
 from .ir import Graph, parse
 from .ir.export import dump
+from . import passes
+from .explain import explain
 from .ir.types import bf16, bool_, f16, f32, f64, i32, i64
 
 __version__ = "0.1.0"
@@ -13,3 +15,4 @@ __version__ = "0.1.0"
 __all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "trace", "jit", "assign",
            "depend", "ops", "ir", "Graph", "parse", "dump", "GraphoptError", "f16", "bf16",
            "f32", "f64", "i32", "i64", "bool_"]
+__all__ += ["passes", "explain"]

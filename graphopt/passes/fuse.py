@@ -11,7 +11,9 @@ element (see ir/kernel.py), so its intermediate values never touch memory:
     all-finite check of loss scaling) may end a kernel: it is an output of the group, and
     nothing in the same group may use it, because it exists only once the kernel is done;
   - scalar constants are copied into every body that uses them (the only work fusion ever
-    duplicates: they cost nothing to recompute and nothing to read).
+    duplicates: they cost nothing to recompute and nothing to read);
+  - scalar computations (iteration space []) that no path connects are merged into one
+    kernel, whatever they compute: each is a few flops, and a call costs more.
 
 A merge is refused, and the reason recorded for `explain`, when
   - the iteration spaces differ (a scalar computation stays a kernel of its own: redoing it
@@ -163,6 +165,21 @@ class _Fuser:
                 else:
                     g = self.merge(pg, g)
 
+    def merge_scalar_siblings(self) -> None:
+        """Scalar groups with no path between them become one kernel: one call, not several
+        (each is a few flops; the call is what costs)."""
+        merged: list[Group] = []
+        for n in self.graph.nodes:
+            g = self.group.get(id(n))
+            if g is None or g.space != () or g.members[0] is not n:
+                continue
+            for acc in merged:
+                if self.why_not(acc, g) is None:
+                    self.merge(acc, g)
+                    break
+            else:
+                merged.append(g)
+
     # -- building kernels ----------------------------------------------------------------------
     def build(self, g: Group, users: dict[Value, list[Node]]) -> tuple[Node, dict[Value, Value],
                                                                         set[Value]]:
@@ -273,6 +290,7 @@ class _Fuser:
 def fuse(graph: Graph, ctx: PassContext) -> dict:
     f = _Fuser(graph, ctx)
     f.group_nodes()
+    f.merge_scalar_siblings()
     absorbed = sum(len(g.members) for g in {id(g): g for g in f.group.values()}.values())
     kernels = f.rewrite()
     return {"kernels": kernels, "nodes_fused": absorbed}

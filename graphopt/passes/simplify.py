@@ -15,7 +15,8 @@ algebraically true run under `fastmath=True` alone.
     cast(cast(x, A), B) -> cast(x, B)   when the first cast is exact (A widens x's dtype)
     cast(x, dtype of x) -> x
 Integer x * 0 -> 0 and x + 0 -> x are always exact. No rewrite replaces a value by a
-parameter's `@name`: `b := a * 1` may be the copy a swap of two parameters needs.
+parameter's `@name` (`b := a * 1` may be the copy a swap of two parameters needs), and none
+makes a new reader of a parameter (it would not be ordered before the parameter's write).
 """
 from __future__ import annotations
 
@@ -146,6 +147,11 @@ def simplify(graph: Graph, ctx: PassContext) -> dict:
             rw.producer.update((v, n) for v in n.outputs)
             continue
         rule, value = hit
+        if any(v.kind == "param" and v not in n.inputs for m in rw.new for v in m.inputs):
+            # A new reader of @p would need its own write-after-read edge; not worth it.
+            nodes.append(n)
+            rw.producer.update((v, n) for v in n.outputs)
+            continue
         rw.counts[rule] = rw.counts.get(rule, 0) + 1
         nodes += rw.new  # new nodes keep the order valid: their inputs precede n
         replace[n.outputs[0]] = value

@@ -1,0 +1,44 @@
+"""explain: what each pass did to a step, and what fusion refused to do and why.
+
+    graphopt.explain(step, grads, 1e-3)
+
+prints, pass by pass, the statistics and a unified diff of the text IR (or "no change"),
+then every merge `fuse` or `hfuse` refused, with its reason: the outside path that would have
+made a cycle, the spaces that did not match, the reduction needed too early, the cost term.
+"""
+from __future__ import annotations
+
+import sys
+from typing import Any, Callable, Iterable, TextIO
+
+from .frontend.tracer import trace_function
+from .ir.graph import Graph
+from .passes import run
+from .passes.manager import PipelineResult
+
+
+def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
+                  fastmath: bool = False, out: TextIO | None = None) -> PipelineResult:
+    out = out or sys.stdout
+    result = run(graph, passes, fastmath=fastmath)
+    for s in result.stats:
+        notes = ", ".join(f"{k}={v}" for k, v in s.counters.items() if v)
+        print(f"=== {s.name}: {s.nodes_before} -> {s.nodes_after} nodes, "
+              f"{s.kernels_after} kernels, {s.seconds * 1e3:.2f} ms"
+              f"{'; ' + notes if notes else ''}", file=out)
+        print(s.diff.rstrip("\n") if s.changed else "no change", file=out)
+        refused = [r for r in result.refusals if r.pass_name == s.name]
+        if refused:
+            print(f"--- {s.name} refused {len(refused)}:", file=out)
+            for r in refused:
+                where = f" [{r.loc}]" if r.loc is not None else ""
+                print(f"  {r.subject}{where}: {r.reason}", file=out)
+    print(f"=== result\n{result}", file=out)
+    return result
+
+
+def explain(fn: Callable, *args: Any, passes: str | Iterable[str] | None = None,
+            fastmath: bool = False, out: TextIO | None = None, **kwargs: Any) -> PipelineResult:
+    """Trace `fn` on these arguments and explain what the pass pipeline does to it."""
+    graph = trace_function(getattr(fn, "fn", fn), args, kwargs).graph.verify()
+    return explain_graph(graph, passes, fastmath=fastmath, out=out)

@@ -1,0 +1,218 @@
+"""The pass manager, the whole pipeline on optimizer steps, and semantics kept by every pass."""
+import io
+import re
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import graphopt as go
+from graphopt import ops, passes
+from graphopt.ir import kernel
+from graphopt.passes import PassError
+
+
+def sgd_graph():
+    w = go.Parameter(np.ones((4, 3), np.float32), name="w")
+    m = go.Parameter(np.zeros((4, 3), np.float32), name="w.momentum")
+
+    def step(g, lr):
+        go.assign(m, 0.9 * m + g)
+        go.assign(w, w - lr * m)
+        return (g * g).sum()
+
+    return go.trace(step, np.ones((4, 3), np.float32), 0.1)
+
+
+def test_unknown_pass_lists_the_known_ones():
+    with pytest.raises(PassError, match="unknown pass nope; known passes: cse, dce, fold"):
+        passes.run(sgd_graph(), "dce,nope")
+    with pytest.raises(PassError):
+        go.jit(lambda x: x, passes="dce,nope")
+
+
+def test_run_leaves_the_input_graph_alone_and_reports_each_pass():
+    g = sgd_graph()
+    before = str(g)
+    result = passes.run(g, "dce,cse,fuse")
+    assert str(g) == before
+    assert [s.name for s in result.stats] == ["dce", "cse", "fuse"]
+    fuse = result.stats[-1]
+    assert fuse.changed and fuse.kernels_formed == fuse.kernels_after > 0
+    assert fuse.nodes_after < fuse.nodes_before
+    assert not result.stats[0].changed and result.stats[0].diff == ""
+    assert fuse.bytes_read < result.stats[0].bytes_read  # fusion moves fewer bytes
+    table = str(result)
+    assert "fuse" in table and "kernels" in table
+
+
+def test_print_after_by_name_regex_and_change():
+    g = sgd_graph()
+    out = io.StringIO()
+    passes.run(g, "dce,cse,fuse", print_after=["c.e"], out=out)
+    assert re.findall(r"IR after (\w+)", out.getvalue()) == ["cse"]
+    out = io.StringIO()
+    passes.run(g, "dce,cse,fuse", print_after_change=True, out=out)
+    assert re.findall(r"IR after (\w+)", out.getvalue()) == ["fuse"]
+    out = io.StringIO()
+    passes.run(g, "dce,fuse", print_after_all=True, print_before="fuse", out=out)
+    assert re.findall(r"IR (before|after) (\w+)", out.getvalue()) == [
+        ("after", "dce"), ("before", "fuse"), ("after", "fuse")]
+    assert "IR after dce (no change)" in out.getvalue()
+
+
+def test_a_pass_that_breaks_the_graph_is_named():
+    @passes.register("break_it")
+    def break_it(graph, ctx):
+        """Drops the first node (a test pass)."""
+        graph.nodes = graph.nodes[1:]
+
+    try:
+        with pytest.raises(PassError, match="after pass 'break_it'"):
+            passes.run(sgd_graph(), "dce,break_it")
+    finally:
+        del passes.PASSES["break_it"]
+
+
+def adam_graph(n_params=10, dtype=np.float32, seed=0):
+    rng = np.random.default_rng(seed)
+    shapes = [tuple(rng.integers(1, 9, size=rng.integers(1, 3))) for _ in range(n_params)]
+    ps = [go.Parameter(rng.standard_normal(s).astype(dtype), name=f"p{i}")
+          for i, s in enumerate(shapes)]
+    ms = [go.Parameter(np.zeros(s, dtype), name=f"p{i}.m") for i, s in enumerate(shapes)]
+    vs = [go.Parameter(np.zeros(s, dtype), name=f"p{i}.v") for i, s in enumerate(shapes)]
+    t = go.Parameter(np.zeros((), dtype), name="t")
+
+    def adam(grads, lr):
+        go.assign(t, t + 1)
+        bc1, bc2 = 1 - 0.9 ** t, 1 - 0.999 ** t
+        for p, m, v, g in zip(ps, ms, vs, grads):
+            go.assign(m, 0.9 * m + 0.1 * g)
+            go.assign(v, 0.999 * v + 0.001 * g * g)
+            go.assign(p, p - lr * (m / bc1) / (ops.sqrt(v / bc2) + 1e-8))
+
+    grads = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    return adam, grads, ps + ms + vs + [t]
+
+
+def test_adam_over_ten_parameters_is_one_multi_tensor_kernel_of_28_bytes_per_element():
+    adam, grads, _ = adam_graph(10)
+    graph = passes.run(go.trace(adam, grads, 1e-3)).graph
+    multi = [n for n in graph.nodes if n.body is not None and len(n.attrs["spaces"]) > 1]
+    assert len(multi) == 1
+    (k,) = multi
+    assert len(k.attrs["spaces"]) == 10
+    stored = {v.name for v in kernel.written(k)}
+    assert stored == {f"p{i}{s}" for i in range(10) for s in ("", ".m", ".v")}
+    assert not graph.assigns()  # every update became an in-place store
+    cost = kernel.cost(k)
+    assert (cost.read_per_element, cost.write_per_element) == (16, 12)
+    assert cost.bytes_per_element == 28
+    assert "28 B/elem" in str(graph)
+
+
+def run_graph(graph, params, args):
+    """Run a graph on copies of the parameters' values: (outputs, new parameter values)."""
+    from graphopt.backends import interpreter
+    by_name = {p.name: p for p in params}
+    inputs = {}
+    it = iter(args)
+    for v in graph.inputs:
+        inputs[v] = by_name[v.name].numpy() if v.kind == "param" else np.asarray(next(it))
+    outs, updates = interpreter.run(graph, inputs)
+    return outs, updates
+
+
+def assert_same(a, b):
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    np.testing.assert_array_equal(a, b)  # NaN equals NaN here; bit-level sameness otherwise
+
+
+def test_adam_pipeline_gives_the_same_bits():
+    adam, grads, params = adam_graph(6, np.float64, seed=3)
+    traced = go.trace(adam, grads, 1e-3)
+    args = grads + [np.float64(1e-3)]
+    o1, u1 = run_graph(traced, params, args)
+    o2, u2 = run_graph(passes.run(traced).graph, params, args)
+    assert sorted(u1) == sorted(u2)
+    for name in u1:
+        assert_same(u1[name], u2[name])
+
+
+def test_explain_shows_diffs_and_refusals():
+    w = go.Parameter(np.ones(4, np.float32), name="w")
+
+    def step(g):
+        s = (g * g).sum()  # a reduction ...
+        go.assign(w, w - g / s)  # ... used by an elementwise node of the same space
+        return s
+
+    out = io.StringIO()
+    result = go.explain(step, np.ones(4, np.float32), out=out)
+    text = out.getvalue()
+    assert "=== fuse" in text and "+++ after fuse" in text and "no change" in text
+    assert "is a full reduction" in text
+    assert any("full reduction" in r.reason for r in result.refusals)
+
+
+# -- semantics: random programs, before and after the pipeline ---------------------------------
+SPACE = (3, 4)
+SHAPES = [(), (4,), (3, 1), SPACE]
+UNARY = [ops.negative, ops.abs, ops.exp, ops.sqrt, lambda x: x * x, ops.sign,
+         lambda x: x.astype(go.f64).astype(go.f32)]
+BINARY = [ops.add, ops.subtract, ops.multiply, ops.divide, ops.maximum, ops.minimum]
+
+program = st.lists(st.tuples(st.sampled_from(["unary", "binary", "where", "const", "sum",
+                                              "assign", "partial_sum", "pow"]),
+                             st.integers(0, 1000), st.integers(0, 1000),
+                             st.sampled_from([0.0, -0.0, 1.0, 2.0, 0.5, 4.0, 3.0, float("nan"),
+                                              float("inf")])),
+                   min_size=1, max_size=14)
+
+
+def interpret(prog, params, args):
+    """A random step: a pool of values grows by ops picked by the program."""
+    pool = list(args) + list(params)
+    outputs = []
+    for kind, a, b, c in prog:
+        x, y = pool[a % len(pool)], pool[b % len(pool)]
+        if kind == "unary":
+            pool.append(UNARY[b % len(UNARY)](x))
+        elif kind == "binary":
+            pool.append(BINARY[b % len(BINARY)](x, y))
+        elif kind == "where":
+            pool.append(ops.where(x > y, x, y * c))
+        elif kind == "const":
+            pool.append(x * c + c)
+        elif kind == "pow":
+            pool.append(x ** c)
+        elif kind == "sum":
+            outputs.append(x.sum())
+        elif kind == "partial_sum":
+            outputs.append(x.sum(axis=0) if x.ndim else x)
+        elif kind == "assign":
+            same_shape = [p for p in params if p.shape == tuple(x.shape)]
+            go.assign(same_shape[b % len(same_shape)], x)
+    return outputs + [pool[-1]]
+
+
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prog=program, seed=st.integers(0, 2**16), fast=st.booleans())
+def test_pipeline_keeps_semantics(prog, seed, fast):
+    rng = np.random.default_rng(seed)
+    params = [go.Parameter(rng.standard_normal(s).astype(np.float32), name=f"p{i}")
+              for i, s in enumerate(SHAPES)]
+    args = [rng.standard_normal(s).astype(np.float32) for s in SHAPES]
+    graph = go.trace(lambda a, b, c, d: interpret(prog, params, [a, b, c, d]), *args)
+    o1, u1 = run_graph(graph, params, args)
+    pipeline = passes.run(graph, fastmath=False)  # fastmath may change bits; keep it exact
+    o2, u2 = run_graph(pipeline.graph, params, args)
+    assert sorted(u1) == sorted(u2)
+    for x, y in zip(o1, o2):
+        assert_same(x, y)
+    for name in u1:
+        assert_same(u1[name], u2[name])
+    if fast:  # every pass keeps the graph valid with fastmath too
+        passes.run(graph, fastmath=True).graph.verify()
