@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from graphopt.errors import GraphoptError, RenderError
-from graphopt.ir import Graph, Location, Node, f32, token
+from graphopt.ir import Graph, Location, Node, f32, parse, token
 from graphopt.ir import export
 from graphopt.ir.types import TensorType
 
@@ -43,21 +43,24 @@ def sgd_graph() -> Graph:
     return g
 
 
-def kernel_graph() -> Graph:
-    """A graph with one hand-made kernel node whose body computes a * b + a."""
-    body = Graph("body")
-    a = body.add_input("arg", "a", TensorType((8,), f32))
-    b = body.add_input("arg", "b", TensorType((8,), f32))
-    m = body.add_node("multiply", [a, b]).out
-    body.outputs = [body.add_node("add", [m, a]).out]
+KERNEL_IR = """graph fused {
+  param @x: f32[8]
+  arg %y: f32[8]
+  %0, %1 = kernel @x, %y {spaces=[[8]], outputs=["map"], shared=[]} : f32[8], token {
+    arg %a: f32[]
+    arg %b: f32[]
+    %0 = multiply %a, %b : f32[]
+    %1 = add %0, %a : f32[]
+    %2 = store %a, %1 : token
+    return %1 after(%2)
+  }
+  return %0 after(%1)
+}"""
 
-    g = Graph("fused")
-    x = g.add_input("arg", "x", TensorType((8,), f32))
-    y = g.add_input("arg", "y", TensorType((8,), f32))
-    kernel = Node("kernel", [x, y], {}, [TensorType((8,), f32)], body=body)
-    g.nodes.append(kernel)
-    g.outputs = [kernel.out]
-    return g
+
+def kernel_graph() -> Graph:
+    """A graph with one kernel node whose body computes a * b + a and stores it into @x."""
+    return parse(KERNEL_IR).verify()
 
 
 def edges_with(source: str, pattern: str) -> list[str]:
@@ -144,13 +147,16 @@ def test_dot_node_with_body_is_a_cluster():
     assert "subgraph cluster_n0 {" in src
     cluster = src[src.index("subgraph cluster_n0 {"):]
     # The body's inputs, nodes and return are inside the cluster, with their own ids.
-    for body_id in ("n0_in0", "n0_in1", "n0_n0", "n0_n1", "n0_return"):
+    for body_id in ("n0_in0", "n0_in1", "n0_n0", "n0_n1", "n0_n2", "n0_return"):
         assert f"\t\t{body_id} [" in cluster
     assert "%0 = multiply" in node_line(src, "n0_n0")
     assert "%1 = add" in node_line(src, "n0_n1")
     # The outer inputs feed the kernel node; the kernel feeds the outer return.
     assert edges_with(src, r"^\s*in0 -> n0 ") and edges_with(src, r"^\s*in1 -> n0 ")
     assert edges_with(src, r"^\s*n0 -> return ")
+    # The kernel updates @x in place: a dashed red "writes" edge, as for an assign.
+    (writes,) = edges_with(src, r"^\s*n0 -> in0 .*writes")
+    assert "dashed" in writes and "red" in writes
 
 
 def test_dot_source_renders():
@@ -215,9 +221,9 @@ def test_networkx_is_a_dag_whose_order_respects_effects():
 
 def test_networkx_body_region():
     g = export.to_networkx(kernel_graph())
-    assert set(g.nodes) == {"%x", "%y", "%0", "return"}
+    assert set(g.nodes) == {"@x", "%y", "%0", "return"}
     body = g.nodes["%0"]["body"]
-    assert set(body.nodes) == {"%a", "%b", "%0", "%1", "return"}
+    assert set(body.nodes) == {"%a", "%b", "%0", "%1", "%2", "return"}
     assert body.nodes["%1"]["op"] == "add"
 
 

@@ -9,7 +9,8 @@ Drawing conventions (DOT):
     so colours are the same across runs and machines);
   - data edges are solid; `after` edges and the return's effect edges are dashed, since they
     carry an order and no data;
-  - an `assign` is a bold red box with a dashed red "writes" edge back to its parameter;
+  - an `assign` is a bold red box with a dashed red "writes" edge back to its parameter (a
+    kernel that stores gets the same edges to the parameters it updates in place);
   - a node with a `body` region (a kernel) is a cluster holding the body's nodes.
 """
 from __future__ import annotations
@@ -23,6 +24,7 @@ import graphviz
 import networkx as nx
 
 from ..errors import GraphoptError, RenderError
+from .kernel import written
 from .printer import Namer, format_attrs
 
 if TYPE_CHECKING:
@@ -119,10 +121,13 @@ def _draw_region(dot: graphviz.Digraph, graph: Graph, prefix: str, top: bool) ->
             edge(v, nid, **({"headlabel": str(i)} if len(node.inputs) > 1 else {}))
         for v in node.after:
             edge(v, nid, dashed=True, arrowhead="onormal")
-        if node.op == "assign" and node.inputs and node.inputs[0].is_param:
-            # constraint=false: the update points back up without pulling the layout around.
-            dot.edge(nid, source(node.inputs[0]), label="writes", style="dashed", color="red",
-                     fontcolor="red", constraint="false")
+        targets = [node.inputs[0]] if node.op == "assign" and node.inputs else \
+            (written(node) if node.body is not None else [])
+        for target in targets:
+            if target.is_param:
+                # constraint=false: the update points back up without pulling the layout.
+                dot.edge(nid, source(target), label="writes", style="dashed", color="red",
+                         fontcolor="red", constraint="false")
 
     ret = f"{prefix}return"
     if top:  # pin the return to the bottom (rank=sink is only honoured at the top level)
