@@ -4,6 +4,8 @@ from .errors import GraphoptError
 from .frontend import (EagerTensor, Parameter, Tensor, TracedTensor, assign, depend, jit,
                        trace)
 from . import ops  # noqa: E402  (after the frontend it builds on)
+from .frontend.autodiff import grad, value_and_grad
+from .ops import stop_gradient
 from .ir import Graph, parse
 from .ir.export import dump
 from . import passes
@@ -15,4 +17,5 @@ __version__ = "0.1.0"
 __all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "trace", "jit", "assign",
            "depend", "ops", "ir", "Graph", "parse", "dump", "GraphoptError", "f16", "bf16",
            "f32", "f64", "i32", "i64", "bool_"]
+__all__ += ["value_and_grad", "grad", "stop_gradient"]
 __all__ += ["passes", "explain"]

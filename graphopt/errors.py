@@ -71,3 +71,13 @@ class OptimizerError(GraphoptError, ValueError):
     """Bad input to an optimizer, a schedule, a loss scaler or a checkpoint: a hyper-parameter
     out of range, a gradient of the wrong shape or dtype, a parameter in two groups. The
     message names the parameter; nothing was changed."""
+
+
+class GradientError(GraphoptError, TypeError):
+    """A bad request to `value_and_grad`/`grad`: a gradient with respect to something that is
+    not a Parameter, an argnum out of range, a function that assigns what it differentiates,
+    a non-scalar or integer output, or a nested `value_and_grad`."""
+
+
+class NotDifferentiableError(GradientError):
+    """A gradient has to flow through an op that has no VJP rule."""

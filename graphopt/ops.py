@@ -18,10 +18,13 @@ from .ir.types import f32, to_dtype
 
 __all__ = [
     "add", "subtract", "multiply", "divide", "negative", "power", "sqrt", "rsqrt", "exp", "log",
+    "sin", "cos",
     "abs", "sign", "maximum", "minimum", "where", "isfinite", "less", "less_equal", "greater",
     "greater_equal", "equal", "not_equal", "logical_and", "logical_or", "logical_not", "cast",
     "sum", "max", "mean", "reshape", "broadcast_to", "transpose", "matmul", "full", "zeros",
     "ones", "full_like", "zeros_like", "ones_like", "depend", "assign",
+    "relu", "tanh", "sigmoid", "softplus", "gelu", "stop_gradient", "log_softmax", "softmax",
+    "softmax_cross_entropy", "mse_loss", "gather", "scatter_add", "one_hot", "arange",
 ]
 
 
@@ -63,8 +66,16 @@ sqrt = _unary("sqrt")
 rsqrt = _unary("rsqrt")
 exp = _unary("exp")
 log = _unary("log")
+sin = _unary("sin")
+cos = _unary("cos")
 isfinite = _unary("isfinite")
 logical_not = _unary("logical_not")
+relu = _unary("relu")
+tanh = _unary("tanh")
+sigmoid = _unary("sigmoid")
+softplus = _unary("softplus")
+gelu = _unary("gelu")
+gelu.__doc__ = "GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."
 
 
 def where(cond: Any, x: Any, y: Any) -> Tensor:
@@ -163,3 +174,57 @@ def ones_like(x: Any, dtype: Any = None) -> Tensor:
 
 def _dtype(x: Any):
     return x.dtype if isinstance(x, Tensor) else to_dtype(np.asarray(x).dtype)
+
+
+def stop_gradient(x: Any) -> Tensor:
+    """x itself, as a value autodiff treats as a constant: no gradient flows back through it."""
+    return bind("stop_gradient", [x])
+
+
+def _axis(x: Any, axis: int) -> int:
+    ndim = len(_shape(x))
+    return int(axis) + ndim if axis < 0 else int(axis)
+
+
+def log_softmax(x: Any, axis: int = -1) -> Tensor:
+    """log(softmax(x)) along `axis`, computed stably (one op)."""
+    return bind("log_softmax", [x], {"axis": _axis(x, axis)})
+
+
+def softmax(x: Any, axis: int = -1) -> Tensor:
+    """exp(x) / sum(exp(x)) along `axis`, as exp(log_softmax(x))."""
+    return exp(log_softmax(x, axis))
+
+
+def softmax_cross_entropy(logits: Any, labels: Any) -> Tensor:
+    """Mean over the examples of -log softmax(logits)[label]: logits [..., classes], integer
+    labels [...] in [0, classes). The labels get no gradient."""
+    return bind("softmax_cross_entropy", [logits, labels])
+
+
+def mse_loss(pred: Any, target: Any) -> Tensor:
+    """Mean of (pred - target)**2 over the broadcast shape."""
+    return bind("mse_loss", [pred, target])
+
+
+def gather(table: Any, indices: Any) -> Tensor:
+    """table[indices] along axis 0 (an embedding lookup): shape indices.shape + table.shape[1:]."""
+    return bind("gather", [table, indices])
+
+
+def scatter_add(x: Any, indices: Any, updates: Any) -> Tensor:
+    """x with updates[i] added to row indices[i]; repeated rows accumulate (gather's VJP)."""
+    return bind("scatter_add", [x, indices, updates])
+
+
+def arange(n: int, dtype: Any = "i64") -> Tensor:
+    """0, 1, ..., n-1 as a constant tensor."""
+    d = to_dtype(dtype)
+    return bind("constant", [], {"value": constant_value(np.arange(n), d), "shape": (n,),
+                                 "dtype": d})
+
+
+def one_hot(labels: Any, classes: int, dtype: Any = f32) -> Tensor:
+    """[..., classes]: 1 where the class is the label, else 0 (labels: integer [...])."""
+    labels = reshape(labels, _shape(labels) + (1,))
+    return cast(equal(labels, arange(classes, _dtype(labels))), dtype)

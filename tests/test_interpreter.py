@@ -213,6 +213,25 @@ def test_parameter_buffer_is_updated_in_place(rng):
     assert p._value is buffer
 
 
+LABELS, ROWS = np.array([0, 2]), np.array([1, 0, 1])
+
+
+def network_ops(x, y):
+    """sin/cos (schedules) and the activations, losses and indexing ops of small networks."""
+    return [ops.sin(x), ops.cos(x), ops.relu(x - 1), ops.tanh(x), ops.sigmoid(x), ops.softplus(x), ops.gelu(x),
+            ops.stop_gradient(x), ops.log_softmax(x), ops.softmax_cross_entropy(x, LABELS),
+            ops.mse_loss(x, y), ops.gather(x, ROWS), ops.scatter_add(x, ROWS[:2], y)]
+
+
+def network_ops_numpy(x, y):
+    shifted = x - x.max(-1, keepdims=True)
+    log_softmax = shifted - np.log(np.exp(shifted).sum(-1, keepdims=True))
+    return [np.sin(x), np.cos(x), np.maximum(x - 1, 0), np.tanh(x), np.exp(-np.logaddexp(0, -x)), np.logaddexp(0, x),
+            0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))), x,
+            log_softmax, -log_softmax[[0, 1], LABELS].mean(), np.mean((x - y) ** 2), x[ROWS],
+            x + y[[1, 0]]]  # row 1 gets y[0], row 0 gets y[1]
+
+
 def test_every_op_in_the_registry_runs(rng):
     """A trace that uses each elementwise/reduction/shape/linalg op, against numpy."""
     x = rng.uniform(0.5, 2.0, (2, 3))
@@ -229,18 +248,19 @@ def test_every_op_in_the_registry_runs(rng):
                 ops.where(x > y, x, y), ops.cast(x, "f32"), ops.sum(x, 1), ops.max(x, 0),
                 ops.mean(x), ops.reshape(x, (3, 2)), ops.broadcast_to(x, (4, 2, 3)),
                 ops.transpose(x), ops.matmul(x, ops.transpose(y)), ops.full((2,), 3.0),
-                ops.depend(x, y)]
+                ops.depend(x, y), *network_ops(x, y)]
 
     want = [x + y, x - y, x * y, x / y, x ** y, np.maximum(x, y), np.minimum(x, y), -x,
             np.abs(x - 1), np.sign(x - 1), np.sqrt(x), 1 / np.sqrt(x), np.exp(x), np.log(x),
             np.isfinite(x), x < y, x <= y, x > y, x >= y, x == y, x != y, (x > 1) & (y > 1),
             (x > 1) | (y > 1), ~(x > 1), np.where(x > y, x, y), x.astype(np.float32),
             x.sum(1), x.max(0), x.mean(), x.reshape(3, 2), np.broadcast_to(x, (4, 2, 3)), x.T,
-            x @ y.T, np.full(2, 3.0, np.float32), x]
+            x @ y.T, np.full(2, 3.0, np.float32), x, *network_ops_numpy(x, y)]
     graph = go.trace(step, x, y)
     used = {n.op for n in graph.nodes}
     assert used == set(ops.__all__) - {"assign", "cast", "full", "zeros", "ones", "full_like",
-                                       "zeros_like", "ones_like"} | {"cast", "constant"}
+                                       "zeros_like", "ones_like", "softmax", "one_hot",
+                                       "arange"} | {"cast", "constant"}
     got = go.jit(step)(x, y)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):

@@ -1,17 +1,25 @@
-"""Every op graphopt knows, declared once: type rule and numpy semantics (see registry.py).
+"""Every op graphopt knows, declared once: type rule, numpy semantics and VJP rule (see
+registry.py).
 
 Type rules are strict, as in MLIR: the inputs of an elementwise op share one dtype (the
 frontend casts weakly typed Python scalars first) and their shapes broadcast as in numpy.
+
+A VJP rule gets the output's cotangent `ct`, the output and the inputs as tensors and builds
+the gradient for one input out of graphopt.ops calls, so the backward pass is made of
+ordinary nodes that every pass can see. A rule may return a gradient of the broadcast
+(output) shape: autodiff sums it back to the input's shape in one place
+(`frontend/autodiff.py: sum_to_shape`), so no rule repeats that.
 """
 from __future__ import annotations
 
+import math
 from typing import Any, Callable, Sequence
 
 import numpy as np
 
 from ..errors import OpTypeError
-from .registry import (CONSTANT, CONTROL, EFFECT, ELEMENTWISE, LINALG, REDUCTION, SHAPE, OpDef,
-                       register)
+from .registry import (CONSTANT, CONTROL, EFFECT, ELEMENTWISE, INDEX, LINALG, NN, REDUCTION,
+                       SHAPE, OpDef, VjpRule, register)
 from .types import DType, TensorType, Type, bool_, to_dtype, token
 
 NUM = ("float", "int")
@@ -52,29 +60,72 @@ def _one_dtype(op: str, types: Sequence[TensorType], kinds: tuple[str, ...]) -> 
 
 
 def _elementwise(name: str, n: int, impl: Callable[..., Any], kinds: tuple[str, ...],
-                 result: DType | None = None, doc: str = "") -> OpDef:
+                 result: DType | None = None, doc: str = "",
+                 vjp: tuple[VjpRule | None, ...] | None = None) -> OpDef:
     def infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         ts = _tensors(name, types, n)
         d = _one_dtype(name, ts, kinds)
         return [TensorType(_broadcast(name, ts), result or d)]
-    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc))
+    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc, vjp=vjp))
+
+
+# -- what VJP rules share -----------------------------------------------------------------------
+class _LazyOps:
+    """graphopt.ops, imported on first use: ops imports the frontend, which imports the IR."""
+
+    def __getattr__(self, name: str) -> Any:
+        from .. import ops as module
+        return getattr(module, name)
+
+
+ops = _LazyOps()
+
+
+def _identity_vjp(ct: Any, out: Any, *inputs: Any, **attrs: Any) -> Any:
+    """d out / d x = 1: the cotangent passes through (summed back to x's shape by autodiff)."""
+    return ct
+
+
+def _extremum_vjp(wins: Callable[[Any, Any], Any]) -> tuple[VjpRule, VjpRule]:
+    """maximum / minimum: the cotangent goes to the input that wins; a tie splits it in half,
+    as JAX and torch do (both inputs are "the" maximum there)."""
+    def share(ct: Any, a: Any, b: Any) -> Any:
+        return ops.where(a == b, ct * 0.5, ops.where(wins(a, b), ct, 0))
+    return (lambda ct, out, x, y: share(ct, x, y), lambda ct, out, x, y: share(ct, y, x))
+
+
+def _power_dx(ct: Any, out: Any, x: Any, y: Any) -> Any:
+    # y * x**(y-1); 0 where y == 0 (torch's convention: there x**(y-1) may be inf at x = 0).
+    return ops.where(y == 0, 0, ct * y * x ** (y - 1))
+
+
+def _power_dy(ct: Any, out: Any, x: Any, y: Any) -> Any:
+    # x**y * log(x); 0 where x == 0 and y >= 0 (torch's convention: there log(x) is -inf).
+    return ops.where((x == 0) & (y >= 0), 0, ct * out * ops.log(x))
 
 
 # -- elementwise --------------------------------------------------------------------------------
-_elementwise("add", 2, np.add, NUM)
-_elementwise("subtract", 2, np.subtract, NUM)
-_elementwise("multiply", 2, np.multiply, NUM)
-_elementwise("divide", 2, np.divide, FLOAT)
-_elementwise("power", 2, np.power, NUM)
-_elementwise("maximum", 2, np.maximum, NUM, doc="NaN-propagating, like numpy.maximum")
-_elementwise("minimum", 2, np.minimum, NUM, doc="NaN-propagating, like numpy.minimum")
-_elementwise("negative", 1, np.negative, NUM)
-_elementwise("abs", 1, np.abs, NUM)
-_elementwise("sign", 1, np.sign, NUM)
-_elementwise("sqrt", 1, np.sqrt, FLOAT)
-_elementwise("rsqrt", 1, lambda x: np.reciprocal(np.sqrt(x)), FLOAT, doc="1 / sqrt(x)")
-_elementwise("exp", 1, np.exp, FLOAT)
-_elementwise("log", 1, np.log, FLOAT)
+_elementwise("add", 2, np.add, NUM, vjp=(_identity_vjp, _identity_vjp))
+_elementwise("subtract", 2, np.subtract, NUM, vjp=(_identity_vjp, lambda ct, out, x, y: -ct))
+_elementwise("multiply", 2, np.multiply, NUM,
+             vjp=(lambda ct, out, x, y: ct * y, lambda ct, out, x, y: ct * x))
+_elementwise("divide", 2, np.divide, FLOAT,
+             vjp=(lambda ct, out, x, y: ct / y, lambda ct, out, x, y: -ct * out / y))
+_elementwise("power", 2, np.power, NUM, vjp=(_power_dx, _power_dy))
+_elementwise("maximum", 2, np.maximum, NUM, doc="NaN-propagating, like numpy.maximum",
+             vjp=_extremum_vjp(lambda a, b: a > b))
+_elementwise("minimum", 2, np.minimum, NUM, doc="NaN-propagating, like numpy.minimum",
+             vjp=_extremum_vjp(lambda a, b: a < b))
+_elementwise("negative", 1, np.negative, NUM, vjp=(lambda ct, out, x: -ct,))
+_elementwise("abs", 1, np.abs, NUM, vjp=(lambda ct, out, x: ct * ops.sign(x),))
+_elementwise("sign", 1, np.sign, NUM, vjp=(None,))  # piecewise constant: zero gradient
+_elementwise("sqrt", 1, np.sqrt, FLOAT, vjp=(lambda ct, out, x: ct * 0.5 / out,))
+_elementwise("rsqrt", 1, lambda x: np.reciprocal(np.sqrt(x)), FLOAT, doc="1 / sqrt(x)",
+             vjp=(lambda ct, out, x: ct * -0.5 * out / x,))
+_elementwise("exp", 1, np.exp, FLOAT, vjp=(lambda ct, out, x: ct * out,))
+_elementwise("log", 1, np.log, FLOAT, vjp=(lambda ct, out, x: ct / x,))
+_elementwise("sin", 1, np.sin, FLOAT, vjp=(lambda ct, out, x: ct * ops.cos(x),))
+_elementwise("cos", 1, np.cos, FLOAT, vjp=(lambda ct, out, x: -ct * ops.sin(x),))
 _elementwise("isfinite", 1, np.isfinite, ANY, result=bool_)
 _elementwise("less", 2, np.less, NUM, result=bool_)
 _elementwise("less_equal", 2, np.less_equal, NUM, result=bool_)
@@ -96,7 +147,9 @@ def _where_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 
 
 register(OpDef("where", ELEMENTWISE, _where_infer, np.where,
-               doc="where(cond, x, y): x where cond is true, else y"))
+               doc="where(cond, x, y): x where cond is true, else y",
+               vjp=(None, lambda ct, out, c, x, y: ops.where(c, ct, 0),
+                    lambda ct, out, c, x, y: ops.where(c, 0, ct))))
 
 
 def _cast_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -106,7 +159,9 @@ def _cast_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 
 register(OpDef("cast", ELEMENTWISE, _cast_infer,
                lambda x, dtype: x.astype(to_dtype(dtype).np_dtype), attrs=("dtype",),
-               doc="convert to dtype (floats to ints truncate toward zero, like numpy)"))
+               doc="convert to dtype (floats to ints truncate toward zero, like numpy)",
+               # Only float-to-float casts carry a gradient: autodiff stops at integers.
+               vjp=(lambda ct, out, x, dtype: ops.cast(ct, x.dtype),)))
 
 
 # -- reductions ---------------------------------------------------------------------------------
@@ -118,7 +173,8 @@ def _check_axes(op: str, axes: Any, ndim: int) -> tuple[int, ...]:
     return axes
 
 
-def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...]) -> OpDef:
+def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...],
+               vjp: VjpRule) -> OpDef:
     def infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         (x,) = _tensors(name, types, 1)
         _one_dtype(name, [x], kinds)
@@ -132,12 +188,29 @@ def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...]) -> O
     def run(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
         return impl(x, axis=tuple(axes), keepdims=keepdims)
 
-    return register(OpDef(name, REDUCTION, infer, run, attrs=("axes", "keepdims")))
+    return register(OpDef(name, REDUCTION, infer, run, attrs=("axes", "keepdims"), vjp=(vjp,)))
 
 
-_reduction("sum", np.sum, NUM)
-_reduction("max", np.max, NUM)
-_reduction("mean", np.mean, FLOAT)
+def _unreduce(ct: Any, x: Any, axes: tuple[int, ...]) -> Any:
+    """A reduction's cotangent put back on the reduced axes: reshape to the keepdims shape
+    (a no-op for keepdims=True), then broadcast over x's shape."""
+    kept = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
+    if ct.shape != kept:
+        ct = ops.reshape(ct, kept)
+    return ops.broadcast_to(ct, x.shape)
+
+
+def _max_vjp(ct: Any, out: Any, x: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
+    # To the elements equal to the maximum, shared evenly between ties (as torch's amax and
+    # JAX do), so the gradient sums to ct.
+    hit = ops.cast(x == _unreduce(out, x, axes), x.dtype)
+    return hit * _unreduce(ct, x, axes) / ops.sum(hit, axes, keepdims=True)
+
+
+_reduction("sum", np.sum, NUM, lambda ct, out, x, axes, keepdims: _unreduce(ct, x, axes))
+_reduction("max", np.max, NUM, _max_vjp)
+_reduction("mean", np.mean, FLOAT, lambda ct, out, x, axes, keepdims:
+           _unreduce(ct, x, axes) / int(np.prod([x.shape[a] for a in axes])))
 
 
 # -- shape ops ----------------------------------------------------------------------------------
@@ -167,11 +240,14 @@ def _transpose_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]
 
 
 register(OpDef("reshape", SHAPE, _reshape_infer,
-               lambda x, shape: np.reshape(x, tuple(shape)), attrs=("shape",)))
+               lambda x, shape: np.reshape(x, tuple(shape)), attrs=("shape",),
+               vjp=(lambda ct, out, x, shape: ops.reshape(ct, x.shape),)))
 register(OpDef("broadcast_to", SHAPE, _broadcast_to_infer,
-               lambda x, shape: np.broadcast_to(x, tuple(shape)), attrs=("shape",)))
+               lambda x, shape: np.broadcast_to(x, tuple(shape)), attrs=("shape",),
+               vjp=(_identity_vjp,)))  # ct has the broadcast shape: autodiff sums it back
 register(OpDef("transpose", SHAPE, _transpose_infer,
-               lambda x, perm: np.transpose(x, tuple(perm)), attrs=("perm",)))
+               lambda x, perm: np.transpose(x, tuple(perm)), attrs=("perm",),
+               vjp=(lambda ct, out, x, perm: ops.transpose(ct, tuple(np.argsort(perm))),)))
 
 
 def _matmul_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -192,8 +268,39 @@ def _matmul_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     return [TensorType(shape, d)]
 
 
+def _promote(ct: Any, a: Any, b: Any) -> tuple[Any, Any, Any]:
+    """a, b and ct with numpy.matmul's 1-D promotion made explicit (a: [K] -> [1,K], b: [K] ->
+    [K,1], ct given the axes the product removed), so both gradients are batched matmuls."""
+    shape = list(ct.shape)
+    if b.ndim == 1:
+        shape.append(1)
+    if a.ndim == 1:
+        shape.insert(len(shape) - 1, 1)
+    a2 = ops.reshape(a, (1,) + a.shape) if a.ndim == 1 else a
+    b2 = ops.reshape(b, b.shape + (1,)) if b.ndim == 1 else b
+    return a2, b2, ops.reshape(ct, shape) if tuple(shape) != ct.shape else ct
+
+
+def _mT(x: Any) -> Any:
+    """x with its last two axes swapped: the matrix transpose of every batch entry."""
+    return ops.transpose(x, tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
+
+
+def _matmul_da(ct: Any, out: Any, a: Any, b: Any) -> Any:
+    a2, b2, ct2 = _promote(ct, a, b)
+    da = ops.matmul(ct2, _mT(b2))  # [..., M, K]; batch axes a was broadcast over are summed
+    return ops.reshape(da, da.shape[:-2] + da.shape[-1:]) if a.ndim == 1 else da
+
+
+def _matmul_db(ct: Any, out: Any, a: Any, b: Any) -> Any:
+    a2, b2, ct2 = _promote(ct, a, b)
+    db = ops.matmul(_mT(a2), ct2)  # [..., K, N]
+    return ops.reshape(db, db.shape[:-1]) if b.ndim == 1 else db
+
+
 register(OpDef("matmul", LINALG, _matmul_infer, np.matmul,
-               doc="numpy.matmul: batched, 1-D operands promoted and the axis removed"))
+               doc="numpy.matmul: batched, 1-D operands promoted and the axis removed",
+               vjp=(_matmul_da, _matmul_db)))
 
 
 # -- constants ----------------------------------------------------------------------------------
@@ -245,4 +352,137 @@ def _depend_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 register(OpDef("assign", EFFECT, _assign_infer,
                doc="assign @p, v: at the end of the step @p holds v; yields a token"))
 register(OpDef("depend", CONTROL, _depend_infer, lambda x: x,
-               doc="depend x after(t...): x, ordered after the values and tokens t"))
+               doc="depend x after(t...): x, ordered after the values and tokens t",
+               vjp=(_identity_vjp,)))
+
+
+# -- activations: elementwise, for small networks -------------------------------------------------
+# gelu is the tanh approximation (jax.nn.gelu's default, torch's approximate="tanh"): one
+# elementwise formula that fuses like the others, where the exact form needs an erf op.
+_GELU_C = math.sqrt(2 / math.pi)
+_GELU_A = 0.044715
+
+
+def _gelu(x: np.ndarray) -> np.ndarray:
+    return 0.5 * x * (1 + np.tanh(_GELU_C * (x + _GELU_A * x ** 3)))
+
+
+def _gelu_vjp(ct: Any, out: Any, x: Any) -> Any:
+    t = ops.tanh(_GELU_C * (x + _GELU_A * x * x * x))
+    return ct * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * x * x))
+
+
+_elementwise("relu", 1, lambda x: np.maximum(x, 0), NUM, doc="max(x, 0); gradient 0 at x = 0",
+             vjp=(lambda ct, out, x: ops.where(x > 0, ct, 0),))
+_elementwise("tanh", 1, np.tanh, FLOAT, vjp=(lambda ct, out, x: ct * (1 - out * out),))
+_elementwise("sigmoid", 1, lambda x: np.exp(-np.logaddexp(0, -x)), FLOAT,
+             doc="1 / (1 + exp(-x)), computed as exp(-softplus(-x)): no overflow",
+             vjp=(lambda ct, out, x: ct * out * (1 - out),))
+_elementwise("softplus", 1, lambda x: np.logaddexp(0, x), FLOAT,
+             doc="log(1 + exp(x)), computed without overflow",
+             vjp=(lambda ct, out, x: ct * ops.sigmoid(x),))
+_elementwise("gelu", 1, _gelu, FLOAT, doc="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
+             vjp=(_gelu_vjp,))
+_elementwise("stop_gradient", 1, lambda x: x, ANY,
+             doc="x itself; reverse-mode autodiff sends no gradient through it", vjp=(None,))
+
+
+# -- network ops: log_softmax and losses (category nn) --------------------------------------------
+def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
+    shifted = x - np.max(x, axis=axis, keepdims=True)  # exp of it never overflows
+    return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
+
+
+def _log_softmax_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    (x,) = _tensors("log_softmax", types, 1)
+    _one_dtype("log_softmax", [x], FLOAT)
+    _check_axes("log_softmax", [attrs["axis"]], x.ndim)
+    return [x]
+
+
+register(OpDef("log_softmax", NN, _log_softmax_infer, _log_softmax, attrs=("axis",),
+               doc="x - log(sum(exp(x), axis, keepdims)), computed stably",
+               vjp=(lambda ct, out, x, axis:
+                    ct - ops.exp(out) * ops.sum(ct, axis, keepdims=True),)))
+
+
+def _cross_entropy_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    logits, labels = _tensors("softmax_cross_entropy", types, 2)
+    _one_dtype("softmax_cross_entropy", [logits], FLOAT)
+    _one_dtype("softmax_cross_entropy", [labels], ("int",))
+    if logits.ndim == 0 or labels.shape != logits.shape[:-1]:
+        raise OpTypeError(f"softmax_cross_entropy: labels {labels} must have the shape of the "
+                          f"logits {logits} without their last (class) axis")
+    return [TensorType((), logits.dtype)]
+
+
+def _cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    classes = logits.shape[-1]
+    if labels.size and (labels.min() < 0 or labels.max() >= classes):
+        raise IndexError(f"a label is outside [0, {classes})")
+    logp = _log_softmax(logits, logits.ndim - 1)
+    return -np.mean(np.take_along_axis(logp, labels[..., None].astype(np.intp), axis=-1))
+
+
+def _cross_entropy_vjp(ct: Any, out: Any, logits: Any, labels: Any) -> Any:
+    # d/dlogits of mean(-log softmax(logits)[label]) = (softmax - one_hot(label)) / examples
+    target = ops.one_hot(labels, logits.shape[-1], logits.dtype)
+    return (ops.softmax(logits, -1) - target) * (ct / labels.size)
+
+
+register(OpDef("softmax_cross_entropy", NN, _cross_entropy_infer, _cross_entropy,
+               doc="mean over the examples of -log softmax(logits)[label]; labels are class "
+                   "indices in [0, classes), logits [..., classes]",
+               vjp=(_cross_entropy_vjp, None)))
+
+
+def _mse_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    pred, target = _tensors("mse_loss", types, 2)
+    d = _one_dtype("mse_loss", [pred, target], FLOAT)
+    _broadcast("mse_loss", [pred, target])
+    return [TensorType((), d)]
+
+
+def _mse_grad(ct: Any, pred: Any, target: Any) -> Any:
+    diff = pred - target
+    return diff * (ct * (2 / max(diff.size, 1)))  # (an empty diff has an empty gradient)
+
+
+register(OpDef("mse_loss", NN, _mse_infer, lambda p, t: np.mean(np.square(p - t)),
+               doc="mean((pred - target)**2) over the broadcast shape",
+               vjp=(lambda ct, out, p, t: _mse_grad(ct, p, t),
+                    lambda ct, out, p, t: -_mse_grad(ct, p, t))))
+
+
+# -- gather / scatter_add along axis 0 (category index) -------------------------------------------
+def _gather_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    table, indices = _tensors("gather", types, 2)
+    _one_dtype("gather", [indices], ("int",))
+    if table.ndim == 0:
+        raise OpTypeError(f"gather: the table must have at least one axis, got {table}")
+    return [TensorType(indices.shape + table.shape[1:], table.dtype)]
+
+
+def _scatter_add_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    x, indices, updates = _tensors("scatter_add", types, 3)
+    _one_dtype("scatter_add", [indices], ("int",))
+    _one_dtype("scatter_add", [x, updates], NUM)
+    if x.ndim == 0 or updates.shape != indices.shape + x.shape[1:]:
+        raise OpTypeError(f"scatter_add: updates {updates} must have the shape of the indices "
+                          f"{indices} followed by the row shape of {x}")
+    return [x]
+
+
+def _scatter_add(x: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.ndarray:
+    out = x.copy()
+    np.add.at(out, indices, updates)  # unbuffered: a repeated row accumulates every update
+    return out
+
+
+register(OpDef("gather", INDEX, _gather_infer, lambda table, idx: np.take(table, idx, axis=0),
+               doc="table[indices]: rows of the table (an embedding lookup), numpy.take axis 0",
+               vjp=(lambda ct, out, table, idx: ops.scatter_add(ops.zeros_like(table), idx, ct),
+                    None)))
+register(OpDef("scatter_add", INDEX, _scatter_add_infer, _scatter_add,
+               doc="x with updates added at rows indices; repeated rows accumulate",
+               vjp=(_identity_vjp, None, lambda ct, out, x, idx, upd: ops.gather(ct, idx))))
