@@ -4,6 +4,7 @@
     graphopt ir FILE.gir                       parse and verify IR text, print it back
     graphopt opt FILE.gir --passes dce,cse     run passes on IR text (like LLVM's opt)
     graphopt compile FILE.py:FUNC --emit ir    trace a step function from a file and dump it
+    graphopt cache info|list|clear|path        the on-disk compilation cache (docs/cache.md)
 
 For `compile`, FILE.py gives example arguments for FUNC with a function `make_inputs()` (or
 `FUNC_inputs()`) that returns a tuple of positional arguments, or a dict of keyword arguments.
@@ -121,6 +122,11 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _cache(args: argparse.Namespace) -> int:
+    from .backends.llvm import cache
+    return cache.command(args.action)
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="graphopt", description=__doc__,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -157,6 +163,10 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("target", metavar="FILE.py:FUNC")
     pipeline_options(p)
     p.set_defaults(run=_compile)
+
+    p = sub.add_parser("cache", help="the on-disk compilation cache: info, list, clear, path")
+    p.add_argument("action", choices=("info", "list", "clear", "path"))
+    p.set_defaults(run=_cache)
 
     args = parser.parse_args(argv)
     try:

@@ -1,0 +1,456 @@
+"""The on-disk compilation cache: object code of compiled kernels, keyed by what made it.
+
+The LLVM backend calls `load(key, parts)` before it compiles a kernel and `store(key, parts,
+obj)` after. The key is a sha256 of named string parts (kernel text, signature, target triple,
+CPU, features, LLVM and llvmlite versions, codegen version, flags) made by `make_key`: a change
+to any part gives another key, so nothing stale is ever loaded. docs/cache.md has the rules;
+graphopt/envvars.py has the switches (GRAPHOPT_CACHE, _DIR, _MAX_BYTES, GRAPHOPT_LOG=cache).
+
+One entry is one file `<key>.gobj` in the cache directory:
+
+    offset  size  field
+    0       8     magic b"GOPTOBJ\\0"
+    8       4     format version (u32, little-endian, like every number here)
+    12      64    the key, as ascii hex (so a file renamed or copied to another name is rejected)
+    76      8     payload length (u64)
+    84      32    sha256 of the payload
+    116     4     description length (u32)
+    120     d     description: JSON {part: value, or {sha256, chars, first_line} if long}
+    120+d   n     payload: the object code
+
+Nothing in an entry is trusted before it is checked: a file that fails any check is a miss with
+one warning per kind of problem per process, and the next store overwrites it.
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import stat
+import struct
+import tempfile
+import time
+import warnings
+from collections import OrderedDict
+from collections.abc import Mapping
+from contextlib import suppress
+from dataclasses import dataclass
+from pathlib import Path
+
+from ... import envvars
+
+FORMAT_VERSION = 1
+MAGIC = b"GOPTOBJ\0"
+SUFFIX = ".gobj"
+_HEADER = struct.Struct("<8sI64sQ32sI")
+_ENTRY_NAME = re.compile(r"[0-9a-f]{64}\.gobj")
+_TEMP_NAME = re.compile(r"\.[0-9a-f]{64}\.[A-Za-z0-9_]+\.tmp")  # from tempfile.mkstemp
+_KEY = re.compile(r"[0-9a-f]{64}")
+TEMP_MAX_AGE = 600.0  # s; writing an entry takes milliseconds, so an older temp file is a crash's
+_SHORT = 80  # a part longer than this, or of several lines, is shown as its hash and first line
+
+__all__ = ["CacheWarning", "make_key", "load", "store", "enabled", "cache_dir", "location",
+           "entries", "info", "clear", "command", "describe", "FORMAT_VERSION"]
+
+
+class CacheWarning(UserWarning):
+    """A cache entry or directory that graphopt will not use; it compiles without it."""
+
+
+class _BadEntry(Exception):
+    def __init__(self, kind: str, reason: str):
+        self.kind, self.reason = kind, reason
+        super().__init__(reason)
+
+
+_warned: set[str] = set()            # kinds of problem already warned about in this process
+_unwritable: set[str] = set()        # directories a store failed in: not tried again
+_memory: OrderedDict[str, bytes] = OrderedDict()  # the fallback when the disk cannot be used
+
+
+def _warn_once(kind: str, message: str) -> None:
+    if kind not in _warned:
+        _warned.add(kind)
+        warnings.warn(f"graphopt cache: {message}", CacheWarning, stacklevel=4)
+
+
+def reset() -> None:
+    """Forget warnings given, directories found unwritable and in-memory entries (for tests)."""
+    _warned.clear()
+    _unwritable.clear()
+    _memory.clear()
+
+
+# ----------------------------------------------------------------------------- keys and parts
+
+def make_key(parts: Mapping[str, str]) -> str:
+    """The hex sha256 of the parts, in sorted order of name. Each name and value is hashed with
+    its length before it, so no two different part sets hash the same bytes."""
+    h = hashlib.sha256(b"graphopt-cache-key\0" + struct.pack("<II", FORMAT_VERSION, len(parts)))
+    for name in sorted(parts):
+        value = parts[name]
+        if not isinstance(name, str) or not isinstance(value, str):
+            raise TypeError(f"cache key parts must be str -> str, got {name!r}: {type(value)}")
+        for field in (name.encode("utf-8", "surrogatepass"), value.encode("utf-8", "surrogatepass")):
+            h.update(struct.pack("<Q", len(field)) + field)
+    return h.hexdigest()
+
+
+def _check_key(key: str, parts: Mapping[str, str]) -> None:
+    # The key names a file, so it must be exactly what make_key returns (no "../" in it).
+    if not isinstance(key, str) or not _KEY.fullmatch(key):
+        raise ValueError(f"not a cache key (64 lowercase hex digits): {key!r}")
+    if make_key(parts) != key:
+        raise ValueError("cache key does not match its parts: use make_key(parts)")
+
+
+def summarize(value: str) -> str | dict:
+    """A part as the log and the entry description show it: short ones as they are, long ones
+    as their own short hash, length and first line."""
+    if len(value) <= _SHORT and "\n" not in value:
+        return value
+    return {"sha256": hashlib.sha256(value.encode("utf-8", "surrogatepass")).hexdigest()[:12],
+            "chars": len(value), "first_line": value.split("\n", 1)[0][:_SHORT]}
+
+
+def describe(parts: Mapping[str, str]) -> dict[str, str | dict]:
+    return {name: summarize(parts[name]) for name in sorted(parts)}
+
+
+def _show(summary: str | dict) -> str:
+    if isinstance(summary, dict):
+        return f"[sha256 {summary.get('sha256')}, {summary.get('chars')} chars] " \
+               f"{summary.get('first_line', '')}"
+    return repr(summary) if summary == "" or summary != summary.strip() else str(summary)
+
+
+# ----------------------------------------------------------------------------- the directory
+
+def enabled() -> bool:
+    """Is the cache on (GRAPHOPT_CACHE, read now, not at import)?"""
+    return envvars.cache_enabled()
+
+
+def location() -> Path | None:
+    """The cache directory, whether or not the cache is on; None if there is no home."""
+    try:
+        return envvars.cache_dir()
+    except RuntimeError:
+        return None
+
+
+def cache_dir() -> Path | None:
+    """The cache directory, or None when the cache is off."""
+    return location() if enabled() else None
+
+
+def max_bytes() -> int:
+    try:
+        return envvars.cache_max_bytes()
+    except ValueError as e:
+        _warn_once("setting", f"{e}; using the default, 512 MiB")
+        return 512 << 20
+
+
+def unsafe_reason(path: Path) -> str | None:
+    """Why object code in directory `path` must not be run, or None if it may. Object code is
+    executable, so the directory must be ours and writable by nobody else: otherwise another
+    user could put code there that we would load. (Reads os.stat and os.geteuid when called, so
+    tests can patch either.)"""
+    st = os.stat(path)
+    if not stat.S_ISDIR(st.st_mode):
+        return "is not a directory"
+    if st.st_uid != os.geteuid():
+        return f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})"
+    if st.st_mode & 0o022:
+        return f"is writable by group or others (mode {stat.S_IMODE(st.st_mode):04o})"
+    return None
+
+
+def _trusted_dir(create: bool) -> tuple[Path | None, str]:
+    """The directory to read and write entries in, or (None, why not)."""
+    d = cache_dir()
+    if d is None:
+        return None, "no cache directory (no home directory; set GRAPHOPT_CACHE_DIR)"
+    try:
+        if create:
+            d.mkdir(mode=0o700, parents=True, exist_ok=True)  # 0700: object code is ours only
+        reason = unsafe_reason(d)
+    except FileNotFoundError:
+        return None, f"no cache directory yet at {d}"
+    except OSError as e:
+        _warn_once("unwritable", f"cannot use {d} ({e.strerror}); compiled code is kept in "
+                                 f"memory only")
+        return None, f"cannot use {d}: {e.strerror}"
+    if reason:
+        _warn_once("unsafe", f"refusing to load or store object code in {d}: it {reason}. "
+                             f"Run `chmod 700 {d}` if it is yours, or set GRAPHOPT_CACHE_DIR")
+        return None, f"{d} {reason}"
+    return d, ""
+
+
+# ----------------------------------------------------------------------------- entries
+
+def _pack(key: str, parts: Mapping[str, str], payload: bytes) -> bytes:
+    desc = json.dumps(describe(parts), sort_keys=True).encode()
+    return _HEADER.pack(MAGIC, FORMAT_VERSION, key.encode(), len(payload),
+                        hashlib.sha256(payload).digest(), len(desc)) + desc + payload
+
+
+def _unpack_header(data: bytes, key: str | None) -> tuple[int, int, int]:
+    """Check an entry's header (and its key, unless None) -> (header size, description length,
+    payload length); raises _BadEntry."""
+    if not MAGIC.startswith(data[:len(MAGIC)]) or not data:
+        raise _BadEntry("magic", "is not a graphopt cache entry (wrong magic bytes)")
+    if len(data) < _HEADER.size:
+        raise _BadEntry("truncated", f"is truncated ({len(data)} bytes, shorter than a header)")
+    _, version, stored_key, n, _, dn = _HEADER.unpack_from(data)
+    if version != FORMAT_VERSION:
+        raise _BadEntry("version", f"has format version {version}, not {FORMAT_VERSION}")
+    if key is not None and stored_key != key.encode():
+        raise _BadEntry("foreign", f"holds the entry of another key "
+                                   f"({stored_key[:16].decode('ascii', 'replace')}...)")
+    return _HEADER.size, dn, n
+
+
+def _unpack(data: bytes, key: str) -> bytes:
+    """The payload of a whole entry file, after every check; raises _BadEntry."""
+    start, dn, n = _unpack_header(data, key)
+    end = start + dn + n
+    if len(data) < end:
+        raise _BadEntry("truncated", f"is truncated ({len(data)} of {end} bytes)")
+    if len(data) > end:
+        raise _BadEntry("corrupt", f"is corrupt ({len(data) - end} bytes after the payload)")
+    payload = data[start + dn:]
+    if hashlib.sha256(payload).digest() != _HEADER.unpack_from(data)[4]:
+        raise _BadEntry("corrupt", "is corrupt (payload sha256 does not match)")
+    return payload
+
+
+def _read(path: Path) -> bytes:
+    """The bytes of an entry file we own; O_NOFOLLOW so a planted symlink is not followed."""
+    try:
+        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
+    except OSError as e:
+        if isinstance(e, FileNotFoundError):
+            raise
+        raise _BadEntry("unreadable", f"cannot be read ({e.strerror})") from None
+    with os.fdopen(fd, "rb") as f:
+        st = os.fstat(f.fileno())
+        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
+            raise _BadEntry("owner", f"is not a regular file owned by you (uid {st.st_uid})")
+        return f.read()
+
+
+def load(key: str, parts: Mapping[str, str]) -> bytes | None:
+    """The cached object code for `key`, or None on a miss or any problem with the entry."""
+    _check_key(key, parts)
+    if not enabled():
+        return None
+    if key in _memory:
+        _memory.move_to_end(key)
+        _log("hit", key, parts, "in memory")
+        return _memory[key]
+    d, why = _trusted_dir(create=False)
+    if d is None:
+        _log("miss", key, parts, why)
+        return None
+    path = d / (key + SUFFIX)
+    try:
+        payload = _unpack(_read(path), key)
+    except FileNotFoundError:
+        _log("miss", key, parts, f"no entry in {d}", d)
+        return None
+    except _BadEntry as e:
+        _warn_once(e.kind, f"ignoring {path}: it {e.reason}; it will be recompiled and replaced")
+        _log("miss", key, parts, f"bad entry: it {e.reason}")
+        return None
+    with suppress(OSError):
+        os.utime(path)  # the mtime is the last use: eviction removes the least recently used
+    _log("hit", key, parts, str(path))
+    return payload
+
+
+def store(key: str, parts: Mapping[str, str], payload: bytes) -> None:
+    """Save object code under `key`. Never raises for a directory it cannot use: then the code
+    is kept in memory for this process, with one warning."""
+    _check_key(key, parts)
+    if not enabled():
+        return
+    payload, bound = bytes(payload), max_bytes()
+    d, _ = _trusted_dir(create=True)
+    if d is not None and str(d) not in _unwritable:
+        data = _pack(key, parts, payload)
+        if len(data) > bound:
+            _log("not stored", key, parts, f"{len(data)} bytes is over the bound of {bound}")
+        else:
+            try:
+                _write(d, key, data)
+            except OSError as e:
+                _unwritable.add(str(d))
+                _warn_once("unwritable", f"cannot write to {d} ({e.strerror}); compiled code "
+                                         f"is kept in memory only")
+            else:
+                _log("stored", key, parts, f"{len(data)} bytes in {d}")
+                _evict(d, bound, keep=key)
+                return
+    _memory[key] = payload
+    while sum(map(len, _memory.values())) > bound and len(_memory) > 1:
+        _memory.popitem(last=False)
+
+
+def _write(d: Path, key: str, data: bytes) -> None:
+    """Write to a temporary file in the same directory, then rename it over the entry: a reader
+    sees the old file or the new one, never part of one, and two writers of one key both win.
+    No fsync: an entry cut short by a power failure fails its checks and is recompiled."""
+    fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=d)  # mode 0600
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.replace(tmp, d / (key + SUFFIX))
+    except BaseException:
+        with suppress(OSError):
+            os.unlink(tmp)
+        raise
+
+
+@dataclass
+class Entry:
+    key: str
+    path: Path
+    size: int
+    last_used: float                    # mtime: set when written and on each hit
+    description: dict | None = None     # None when the header cannot be read
+
+
+def entries(d: Path | None = None, descriptions: bool = True) -> list[Entry]:
+    """The entries in the cache directory, least recently used first. Temporary files left by
+    a writer that crashed are removed on the way."""
+    d = d or location()
+    found: list[Entry] = []
+    try:
+        listing = list(os.scandir(d)) if d else []
+    except OSError:
+        return found
+    now = time.time()
+    for e in listing:
+        with suppress(OSError):
+            st = e.stat(follow_symlinks=False)
+            if _TEMP_NAME.fullmatch(e.name) and now - st.st_mtime > TEMP_MAX_AGE:
+                os.unlink(e.path)
+            elif _ENTRY_NAME.fullmatch(e.name) and stat.S_ISREG(st.st_mode):
+                found.append(Entry(e.name[:-len(SUFFIX)], Path(e.path), st.st_size, st.st_mtime,
+                                   _description(Path(e.path)) if descriptions else None))
+    return sorted(found, key=lambda x: (x.last_used, x.key))
+
+
+def _description(path: Path) -> dict | None:
+    try:
+        with open(path, "rb") as f:
+            head = f.read(_HEADER.size)
+            _, dn, _ = _unpack_header(head, path.name[:-len(SUFFIX)])
+            desc = json.loads(f.read(dn))
+        return desc if isinstance(desc, dict) else None
+    except (OSError, ValueError, _BadEntry):
+        return None
+
+
+def _evict(d: Path, bound: int, keep: str) -> None:
+    """Remove least recently used entries until the directory is under the bound."""
+    found = entries(d, descriptions=False)
+    total = sum(e.size for e in found)
+    for e in found:
+        if total <= bound:
+            break
+        if e.key != keep:
+            with suppress(FileNotFoundError):  # another process evicted it first
+                os.unlink(e.path)
+            total -= e.size
+            _log("evicted", e.key, None, f"{e.size} bytes, last used {time.ctime(e.last_used)}")
+
+
+def clear() -> int:
+    """Remove every entry and temporary file (only files named as ours); return how many."""
+    d, removed = location(), 0
+    for e in (os.scandir(d) if d and d.is_dir() else ()):
+        if _ENTRY_NAME.fullmatch(e.name) or _TEMP_NAME.fullmatch(e.name):
+            with suppress(FileNotFoundError):
+                os.unlink(e.path)
+                removed += 1
+    _memory.clear()
+    return removed
+
+
+def info() -> dict:
+    d = location()
+    found = entries(d, descriptions=False)
+    safety = "missing" if d is None or not d.exists() else (unsafe_reason(d) or "ok")
+    return {"path": str(d), "enabled": enabled(), "entries": len(found),
+            "bytes": sum(e.size for e in found), "max_bytes": max_bytes(), "directory": safety}
+
+
+# ----------------------------------------------------------------------------- logging
+
+def _log(event: str, key: str, parts: Mapping[str, str] | None, detail: str,
+         d: Path | None = None) -> None:
+    """With GRAPHOPT_LOG=cache: the event, the key and every part it was made from; on a miss
+    in a directory with entries, also the parts that differ from the closest cached entry, which
+    is usually the answer to "why did this compile again?"."""
+    logger = envvars.topic_logger("cache")
+    if logger is None:
+        return
+    lines = [f"{event} {key} ({detail})"]
+    desc = describe(parts or {})
+    width = max(map(len, desc), default=0)
+    lines += [f"  {name:<{width}}  {_show(value)}" for name, value in desc.items()]
+    if d is not None:
+        best = max(reversed(entries(d)), key=lambda e: sum((e.description or {}).get(n) == v
+                                                 for n, v in desc.items()), default=None)
+        if best is not None and best.description is not None:
+            old = best.description
+            changed = [n for n in sorted(set(desc) | set(old)) if desc.get(n) != old.get(n)]
+            lines.append(f"  closest cached entry {best.key[:16]} differs in: {', '.join(changed)}")
+            lines += [f"    {n}: {_show(old.get(n, '(absent)'))} -> {_show(desc.get(n, '(absent)'))}"
+                      for n in changed]
+    logger.info("\n".join(lines))
+
+
+# ----------------------------------------------------------------------------- the command
+
+def _size(n: int) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _brief(desc: dict | None) -> str:
+    """What `list` shows of an entry: the kernel's first line and the flags."""
+    if desc is None:
+        return "(no readable description)"
+    shown = {n: desc[n] for n in ("kernel", "flags") if n in desc} or dict(list(desc.items())[:2])
+    return "  ".join(f"{n}: {v.get('first_line', '') if isinstance(v, dict) else _show(v)}"
+                     for n, v in shown.items())
+
+
+def command(action: str) -> int:
+    """`graphopt cache info | list | clear | path`; returns the exit status."""
+    if action == "path":
+        print(location())
+    elif action == "info":
+        i = info()
+        print(f"path       {i['path']}\nenabled    {'yes' if i['enabled'] else 'no'}"
+              f"\ndirectory  {i['directory']}\nentries    {i['entries']}"
+              f"\nbytes      {i['bytes']} ({_size(i['bytes'])})"
+              f"\nmax bytes  {i['max_bytes']} ({_size(i['max_bytes'])})")
+    elif action == "list":
+        for e in reversed(entries()):  # most recently used first
+            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
+            print(f"{e.key[:16]}  {_size(e.size):>10}  {when}  {_brief(e.description)}")
+    elif action == "clear":
+        print(f"removed {clear()} files from {location()}")
+    else:
+        raise ValueError(f"unknown cache action {action!r}")
+    return 0
