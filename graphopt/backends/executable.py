@@ -86,6 +86,12 @@ class Executable:
         """The host assembly of every compiled kernel."""
         return "\n".join(f"# kernel {k.name}\n{k.asm()}" for k in self.program.kernels)
 
+    def memory_report(self):
+        """Liveness of the graph as it runs: the peak bytes alive and the forward values kept
+        alive for the backward pass (see graphopt/ir/liveness.py); print it to read it."""
+        from ..ir.liveness import memory_report
+        return memory_report(self.graph)
+
     def _param_arrays(self):
         for v, p in self.param_inputs:
             yield v, p._value
