@@ -19,3 +19,6 @@ __all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "trace", "jit",
            "f32", "f64", "i32", "i64", "bool_"]
 __all__ += ["value_and_grad", "grad", "stop_gradient"]
 __all__ += ["passes", "explain"]
+from . import amp, optim  # noqa: E402  (the optimizer library, on top of ops)
+from .checkpoint import load, save  # noqa: E402
+__all__ += ["optim", "amp", "save", "load"]

@@ -1,0 +1,156 @@
+"""Loss scaling for f16/bf16 training: scale the loss, unscale the gradients, skip a step
+whose gradients overflowed, and adapt the scale, all inside one compiled step.
+
+    scaler = graphopt.amp.DynamicLossScaler()          # torch.amp.GradScaler's defaults
+
+    @graphopt.jit
+    def train_step(x, y):
+        loss, grads = value_and_grad(lambda: scaler.scale(loss_fn(x, y)), params)
+        scaler.step(opt, grads)                         # unscale, check, update or skip
+        return loss
+
+`scaler.step(opt, grads)` is `unscale` (gradients × 1/scale, in f32 for f16/bf16
+gradients, and whether all are finite), then `opt.step(grads, where=finite)` (a skipped step
+leaves parameters and optimizer state bit-identical: every write is `where(finite, new,
+old)`), then `update(finite)`. No Python branch looks at a traced value, so overflow and
+normal steps run the same graph. Call `unscale` and `update` yourself to clip in between.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from . import ops
+from .errors import OptimizerError
+from .frontend import Parameter, assign
+from .frontend.tensor import Tensor
+from .ir.types import f32, i64
+from .optim.optimizer import as_dtype, dtype_of
+
+Grads = Sequence[Any] | Mapping[str, Any]
+
+
+class LossScaler:
+    """What static and dynamic scaling share: the scale is an f32 Parameter (`<name>`)."""
+
+    def __init__(self, scale: float, name: str):
+        if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
+            raise OptimizerError(f"{type(self).__name__}: the scale must be a finite number "
+                                 f"> 0, got {scale!r}")
+        self.name = name
+        self.loss_scale = Parameter(np.float32(scale), name=name)
+
+    @property
+    def scale_value(self) -> float:
+        """The current scale, as a Python float."""
+        return float(self.loss_scale.numpy())
+
+    def scale(self, loss: Any) -> Tensor:
+        """loss × scale (in the loss's dtype): differentiate this, not the loss."""
+        return loss * ops.cast(self.loss_scale, loss.dtype)
+
+    def unscale(self, grads: Grads) -> tuple[Any, Tensor]:
+        """(gradients × 1/scale, all finite): torch's `_amp_foreach_non_finite_check_and_
+        unscale_`. 1/scale is taken in f64 and rounded to f32 (GradScaler's inv_scale);
+        f16/bf16 gradients are unscaled into f32, where small values do not underflow."""
+        inv = ops.cast(1.0 / ops.cast(self.loss_scale, "f64"), f32)
+        leaves = list(grads.values()) if isinstance(grads, Mapping) else list(grads)
+        finite = None
+        out = []
+        for g in leaves:
+            ok = ops.sum(ops.cast(~ops.isfinite(g), i64)) == 0  # no inf or NaN element
+            finite = ok if finite is None else finite & ok
+            g = as_dtype(g, f32) if dtype_of(g).itemsize < 4 else g
+            out.append(g * as_dtype(inv, dtype_of(g)))
+        if finite is None:
+            raise OptimizerError(f"{type(self).__name__}.unscale: no gradients")
+        if isinstance(grads, Mapping):
+            return dict(zip(grads.keys(), out)), finite
+        return out, finite
+
+    def update(self, finite: Any) -> None:
+        """Adapt the scale after a step (nothing, for a static scale)."""
+
+    def skip_nonfinite(self) -> bool:
+        return True
+
+    def step(self, opt: Any, grads: Grads) -> Tensor:
+        """Unscale, step the optimizer where every gradient is finite, update the scale.
+        Returns the bool scalar "the step was applied". `opt` may be an optimizer or an
+        `Accumulate`."""
+        grads, finite = self.unscale(grads)
+        opt.step(grads, where=finite if self.skip_nonfinite() else None)
+        self.update(finite)
+        return finite
+
+    def parameters(self) -> list[Parameter]:
+        """The Parameters to checkpoint."""
+        return [self.loss_scale]
+
+
+class StaticLossScaler(LossScaler):
+    """A fixed scale (MindSpore's FixedLossScaleManager: loss_scale=128.0,
+    drop_overflow_update=True). The scale is data: `scaler.set_scale(s)` between steps."""
+
+    def __init__(self, scale: float = 128.0, drop_overflow_update: bool = True, *,
+                 name: str = "loss_scale"):
+        super().__init__(scale, name)
+        self.drop_overflow_update = bool(drop_overflow_update)
+
+    def skip_nonfinite(self) -> bool:
+        return self.drop_overflow_update
+
+    def set_scale(self, scale: float) -> None:
+        if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
+            raise OptimizerError(f"StaticLossScaler: the scale must be a finite number > 0, "
+                                 f"got {scale!r}")
+        assign(self.loss_scale, np.float32(scale))
+
+
+class DynamicLossScaler(LossScaler):
+    """torch.amp.GradScaler's dynamic scale (same arguments and defaults):
+
+        not all finite:  scale ← scale·backoff_factor,  tracker ← 0    (the step is skipped)
+        all finite:      tracker ← tracker + 1; when it reaches growth_interval:
+                         scale ← scale·growth_factor (if that is finite),  tracker ← 0
+
+    State: the scale (f32, `<name>`) and the growth tracker (`<name>.growth_tracker`).
+    """
+
+    def __init__(self, init_scale: float = 2.0 ** 16, growth_factor: float = 2.0,
+                 backoff_factor: float = 0.5, growth_interval: int = 2000, *,
+                 name: str = "loss_scale"):
+        super().__init__(init_scale, name)
+        if not growth_factor > 1.0:
+            raise OptimizerError(f"DynamicLossScaler: growth_factor must be > 1, got "
+                                 f"{growth_factor!r}")
+        if not 0.0 < backoff_factor < 1.0:
+            raise OptimizerError(f"DynamicLossScaler: backoff_factor must be in (0, 1), got "
+                                 f"{backoff_factor!r}")
+        if not isinstance(growth_interval, (int, np.integer)) or growth_interval < 1:
+            raise OptimizerError(f"DynamicLossScaler: growth_interval must be an integer "
+                                 f">= 1, got {growth_interval!r}")
+        self.growth_factor, self.backoff_factor = float(growth_factor), float(backoff_factor)
+        self.growth_interval = int(growth_interval)
+        self.growth_tracker = Parameter(np.int64(0), name=f"{name}.growth_tracker")
+
+    def update(self, finite: Any) -> None:
+        """torch's `_amp_update_scale_`, with `where` for its branches."""
+        scale, tracker = self.loss_scale, self.growth_tracker
+        successful = tracker + 1
+        grow = successful == self.growth_interval
+        grown = scale * self.growth_factor
+        grown = ops.where(ops.isfinite(grown), grown, scale)
+        new_scale = ops.where(finite, ops.where(grow, grown, scale),
+                              scale * self.backoff_factor)
+        new_tracker = ops.where(finite & ~grow, successful, 0)
+        assign(scale, new_scale)
+        assign(tracker, new_tracker)
+
+    def parameters(self) -> list[Parameter]:
+        return [self.loss_scale, self.growth_tracker]
+
+
+
+__all__ = ["LossScaler", "StaticLossScaler", "DynamicLossScaler"]

@@ -1,0 +1,74 @@
+"""Gradient accumulation in the graph: k micro-batches, one optimizer update.
+
+    acc ← acc + g                           every call, per parameter
+    every k-th call:  opt.step(acc / k),  acc ← 0
+
+"Every k-th call" is a comparison of a counter Parameter, and the update and the reset are
+`where`s on it, so every call runs the same compiled step: nothing retraces at the k-th.
+"""
+from __future__ import annotations
+
+from typing import Any, Mapping, Sequence
+
+import numpy as np
+
+from .. import ops
+from ..errors import OptimizerError
+from ..frontend import Parameter, assign
+from ..frontend.tensor import Tensor
+from .optimizer import Optimizer, as_dtype, check_condition
+
+
+class Accumulate:
+    """Wrap an optimizer: `Accumulate(opt, steps=4).step(grads)` accumulates the gradients
+    of 4 calls in Parameters (`<param>.grad_accum`, in the compute dtype) and applies the
+    optimizer to their mean on the 4th; a counter (`<opt>.accum_count`) says which call it
+    is. The optimizer's step count and lr schedule advance once per update.
+
+    `step(grads, where=cond)`: a call with cond false changes nothing (the micro-batch is
+    dropped, the counter does not move); graphopt.amp uses it to drop an overflowed one.
+    """
+
+    def __init__(self, opt: Optimizer, steps: int):
+        if not isinstance(opt, Optimizer):
+            raise OptimizerError(f"Accumulate wraps a graphopt optimizer, got "
+                                 f"{type(opt).__name__}")
+        if not isinstance(steps, (int, np.integer)) or steps < 1:
+            raise OptimizerError(f"Accumulate: steps must be an integer >= 1, got {steps!r}")
+        self.opt, self.steps = opt, int(steps)
+        self.count = Parameter(np.int64(0), name=f"{opt.name}.accum_count")
+        self.accum = [Parameter(np.zeros(s.param.shape, s.compute.np_dtype),
+                                name=f"{s.param.name}.grad_accum") for s in opt._slots]
+
+    @property
+    def params(self) -> list[Parameter]:
+        return self.opt.params
+
+    @property
+    def param_groups(self) -> list[Any]:
+        return self.opt.param_groups
+
+    def step(self, grads: Sequence[Any] | Mapping[str, Any], where: Any = None) -> Tensor:
+        """Accumulate one micro-batch; update on the k-th. Returns the bool scalar "the
+        optimizer updated the parameters on this call"."""
+        grads = self.opt.check_grads(grads)
+        where = check_condition(where, "Accumulate.step")
+        count = self.count + 1
+        ready = count == self.steps
+        if where is not None:
+            ready = ready & where
+        sums = [acc + as_dtype(g, acc.dtype) for acc, g in zip(self.accum, grads)]
+        self.opt.step([total / float(self.steps) for total in sums], where=ready)
+        for acc, total in zip(self.accum, sums):
+            assign(acc, _unless_dropped(where, ops.where(ready, 0.0, total), acc))
+        assign(self.count, _unless_dropped(where, ops.where(ready, 0, count), self.count))
+        return ready
+
+    def parameters(self) -> list[Parameter]:
+        """Every Parameter to checkpoint: the optimizer's, the counter and the sums."""
+        return self.opt.parameters() + [self.count] + self.accum
+
+
+def _unless_dropped(where: Any, new: Any, old: Parameter) -> Any:
+    return new if where is None else ops.where(where, new, old)
+

@@ -1,0 +1,370 @@
+"""The Optimizer base class: parameter groups, state as Parameters, one step as traced Python.
+
+An optimizer step is plain Python over graphopt ops and `assign`, so the same code builds a
+graph inside `@graphopt.jit` and computes at once in eager mode. Everything it keeps is a
+`Parameter` the graph reads as `@name`:
+
+    @fc1.w.exp_avg, @fc1.w.exp_avg_sq   state of each parameter, named after it
+    @fc1.w.master                       f32 copy of an f16/bf16 parameter (mixed precision)
+    @opt.group0.lr, @opt.group0.beta1   hyper-parameters, f64 scalars (see groups.py)
+    @opt.step                           the number of steps taken (i64)
+
+A step, as `Optimizer.step` builds it:
+
+    t = step + 1                          f64; 1 on the first step, as torch counts
+    for each group:
+        c = self.scalars(group, h)        per-group f64 scalars (bias corrections, lr, ...)
+        for each parameter and its gradient g:
+            self.update(slot, g, c)       reads and assigns the parameter and its state
+    step = step + 1
+
+Scalar math (bias corrections, step sizes) is done in f64, as torch does it with Python
+floats, and each result is cast once to the dtype the update is computed in, where it meets
+the tensors: an f32 run rounds the same numbers torch rounds.
+
+Every write goes through `_write`. When a step is called with `where=cond` (a bool scalar
+tensor), it stores `where(cond, new, old)`: a skipped step (an overflow under loss scaling,
+a micro-batch under accumulation) leaves every parameter and every state bit-identical, with
+no Python branch on a traced value and one compiled step for both outcomes.
+"""
+from __future__ import annotations
+
+import functools
+from dataclasses import dataclass, field
+from typing import Any, Callable, ClassVar, Mapping, Sequence
+
+import numpy as np
+
+from .. import ops
+from ..errors import OptimizerError
+from ..frontend import Parameter, assign
+from ..frontend.tensor import Tensor
+from ..ir.types import DType, TensorType, bf16, bool_, f16, f32, f64, to_dtype
+from .groups import Option, ParamGroup, as_group_dicts, check_parameters, flag
+
+LOW_PRECISION = (f16, bf16)
+
+
+@dataclass
+class Slot:
+    """One parameter as its optimizer sees it."""
+
+    param: Parameter
+    group: ParamGroup
+    compute: DType  # the dtype its update is computed in
+    state_dtype: DType  # the dtype its state is stored in
+    state: dict[str, Parameter] = field(default_factory=dict)  # by key: "exp_avg", "master"
+
+    @property
+    def master(self) -> Parameter | None:
+        return self.state.get("master")
+
+
+class Hyper:
+    """What a group's `scalars` reads, each made on first use (no dead nodes):
+
+    `h.lr`, `h.beta1`, ...: the group's f64 scalar Parameters, except an lr given as a
+        schedule, computed from the number of steps already taken (0 on the first step);
+    `h.t`: this step's number as f64, 1 on the first step (torch's `step` after `+= 1`).
+    """
+
+    def __init__(self, group: ParamGroup, t: Callable[[], Tensor],
+                 steps_done: Callable[[], Tensor]):
+        self._group, self._t, self._done = group, t, steps_done
+
+    def __getattr__(self, key: str) -> Any:
+        if key == "t":
+            value = self._t()
+        elif key == "lr" and not self._group.is_data("lr"):
+            value = self._group.flag("lr")(self._done())
+        else:
+            try:
+                value = self._group.tensor(key)
+            except KeyError:
+                raise AttributeError(key) from None
+        setattr(self, key, value)  # read once per step
+        return value
+
+
+class Scalars:
+    """A group's f64 scalars, each cast to one compute dtype on first use (one cast node).
+    Bool scalars (conditions) pass through as they are."""
+
+    def __init__(self, values: Mapping[str, Any], dtype: DType):
+        self._values, self._dtype = values, dtype
+
+    def __getattr__(self, key: str) -> Any:
+        try:
+            v = self._values[key]
+        except KeyError:
+            raise AttributeError(key) from None
+        if isinstance(v, Tensor) and v.dtype.is_float:
+            v = as_dtype(v, self._dtype)
+        setattr(self, key, v)
+        return v
+
+
+class Optimizer:
+    """Base class of graphopt's optimizers (torch.optim's interface, a traced step).
+
+    Subclasses declare `options` (their constructor's hyper-parameters, see groups.Option),
+    the state each parameter keeps (`init_state`), the per-group scalars (`scalars`) and the
+    update of one parameter (`update`).
+
+    params: Parameters (a list, or a dict by name) or torch-style group dicts
+        (`[{"params": [...], "lr": 1e-3}, ...]`); see `decay_groups`.
+    name: prefix of the optimizer's own Parameters (`opt.step`, `opt.group0.lr`); two
+        optimizers in one step need different names.
+    state_dtype: the dtype of the state tensors (moments, buffers). None: the compute dtype.
+        bf16 halves the bytes a step moves; the update is still computed in f32 and each
+        state is rounded to nearest-even when it is stored.
+    master_weights: for f16/bf16 parameters, keep an f32 master copy (`<name>.master`),
+        compute the update in f32 on it and write the parameter back rounded.
+    """
+
+    options: ClassVar[dict[str, Option]] = {}
+
+    def __init__(self, params: Any, defaults: dict[str, Any], *, name: str = "opt",
+                 state_dtype: Any = None, master_weights: bool = True):
+        self.name = name
+        kind = type(self).__name__
+        groups = as_group_dicts(params)
+        check_parameters(groups, kind)
+        if state_dtype is not None:
+            state_dtype = _float_dtype(state_dtype, "state_dtype")
+        self.state_dtype = state_dtype
+        self.master_weights = bool(master_weights)
+        self.param_groups: list[ParamGroup] = []
+        for i, g in enumerate(groups):
+            values = {**defaults, **{k: v for k, v in g.items() if k != "params"}}
+            self.param_groups.append(ParamGroup(name, i, list(g["params"]), values,
+                                                self.options, self.check_group))
+        self.step_count = Parameter(np.int64(0), name=f"{name}.step")
+        self.group_state: list[dict[str, Parameter]] = [
+            {k: Parameter(np.float64(v), name=f"{name}.group{g.index}.{k}")
+             for k, v in self.init_group_state(g).items()} for g in self.param_groups]
+        self._slots = [self._make_slot(p, g) for g in self.param_groups for p in g.params]
+        self._apply: Any = None  # the `where=` condition of the step being built
+
+    # -- what a subclass defines -----------------------------------------------------------
+    def init_state(self, group: ParamGroup) -> dict[str, float]:
+        """The state tensors of each parameter of `group`: key -> initial fill value."""
+        return {}
+
+    def init_group_state(self, group: ParamGroup) -> dict[str, float]:
+        """Scalar state shared by a group (NAdam's mu_product): key -> initial value."""
+        return {}
+
+    def scalars(self, group: ParamGroup, h: Hyper) -> dict[str, Any]:
+        """The group's f64 scalars for this step, from its hyper-parameters `h`."""
+        return {"lr": h.lr}
+
+    def update(self, slot: Slot, g: Tensor, c: Scalars) -> None:
+        """Assign one parameter and its state, from its gradient g (compute dtype)."""
+        raise NotImplementedError
+
+    def check_group(self, group: ParamGroup, new: dict[str, Any],
+                    old: dict[str, Any] | None) -> None:
+        """Checks that span options (raise OptimizerError); old is None at construction."""
+
+    # -- the step --------------------------------------------------------------------------
+    @property
+    def params(self) -> list[Parameter]:
+        """Every parameter, all groups in order: the order of a gradient sequence."""
+        return [s.param for s in self._slots]
+
+    @property
+    def state(self) -> dict[str, dict[str, Parameter]]:
+        """Each parameter's state Parameters, by parameter name then key (like torch's)."""
+        return {s.param.name: dict(s.state) for s in self._slots}
+
+    def step(self, grads: Sequence[Any] | Mapping[str, Any], where: Any = None) -> None:
+        """One update of every parameter from its gradient.
+
+        grads: one gradient per parameter, in the order of `self.params`, or a dict by
+            parameter name; each of the parameter's shape, and of its dtype (or f32 for an
+            f16/bf16 parameter).
+        where: None, or a bool scalar (tensor): where it is false, the step changes nothing.
+        """
+        grads = self.check_grads(grads)
+        apply = check_condition(where, f"{type(self).__name__}.step")
+        self._apply = apply
+        try:
+            count = self.step_count
+            new_count = count + 1
+            t = functools.cache(lambda: ops.cast(new_count, f64))  # made when first used
+            done = functools.cache(lambda: ops.cast(count, f64))
+            by_param = dict(zip((s.param.name for s in self._slots), grads))
+            for group in self.param_groups:
+                values = self.scalars(group, Hyper(group, t, done))
+                casts: dict[DType, Scalars] = {}
+                for slot in (s for s in self._slots if s.group is group):
+                    c = casts.setdefault(slot.compute, Scalars(values, slot.compute))
+                    self.update(slot, self._gradient(slot, by_param[slot.param.name]), c)
+            self._write(self.step_count, new_count)
+        finally:
+            self._apply = None
+
+    def _gradient(self, slot: Slot, g: Any) -> Tensor:
+        g = as_dtype(g, slot.compute)
+        return -g if slot.group.flag("maximize") else g
+
+    # -- reading and writing parameters and state (for `update`) ---------------------------
+    def read(self, slot: Slot) -> Tensor:
+        """The parameter's value in its compute dtype (its f32 master copy, if it has one)."""
+        return slot.master if slot.master is not None else slot.param
+
+    def write(self, slot: Slot, value: Tensor) -> None:
+        """Store the new parameter value (and the master copy, which keeps it unrounded)."""
+        if slot.master is not None:
+            self._write(slot.master, value)
+        self._write(slot.param, as_dtype(value, slot.param.dtype))
+
+    def read_state(self, slot: Slot, key: str) -> Tensor:
+        return as_dtype(slot.state[key], slot.compute)
+
+    def write_state(self, slot: Slot, key: str, value: Tensor) -> None:
+        p = slot.state[key]
+        self._write(p, as_dtype(value, p.dtype))
+
+    def _write(self, target: Parameter, value: Any) -> None:
+        if self._apply is not None:
+            value = ops.where(self._apply, value, target)
+        assign(target, value)
+
+    # -- checking input --------------------------------------------------------------------
+    def check_grads(self, grads: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
+        """The gradients as a list in the order of `self.params`, or an OptimizerError that
+        names the parameter (raised before anything changes)."""
+        kind = type(self).__name__
+        names = [s.param.name for s in self._slots]
+        if isinstance(grads, Mapping):
+            missing = [n for n in names if n not in grads]
+            extra = [str(k) for k in grads if k not in set(names)]
+            if missing or extra:
+                parts = ([f"missing for {', '.join(map(repr, missing))}"] if missing else []) + \
+                    ([f"given for unknown {', '.join(map(repr, extra))}"] if extra else [])
+                raise OptimizerError(f"{kind}.step: gradients {'; '.join(parts)}")
+            grads = [grads[n] for n in names]
+        elif isinstance(grads, (Tensor, np.ndarray)) or not isinstance(grads, Sequence):
+            raise OptimizerError(f"{kind}.step: grads must be a sequence (in the order of "
+                                 f"opt.params) or a dict by parameter name, got "
+                                 f"{type(grads).__name__}")
+        else:
+            grads = list(grads)
+            if len(grads) != len(names):
+                more = f"missing for {', '.join(map(repr, names[len(grads):]))}" \
+                    if len(grads) < len(names) else f"{len(grads) - len(names)} too many"
+                raise OptimizerError(f"{kind}.step: {len(grads)} gradients for {len(names)} "
+                                     f"parameters ({more})")
+        for slot, g in zip(self._slots, grads):
+            t = _type_of(g)
+            # f32 gradients of f16/bf16 parameters are welcome (graphopt.amp unscales into
+            # f32); they are rounded to the compute dtype if it is narrower.
+            allowed = {slot.param.dtype, slot.compute} | \
+                ({f32} if slot.param.dtype in LOW_PRECISION else set())
+            if t is None or t.shape != slot.param.shape or t.dtype not in allowed:
+                got = "None" if g is None else str(t) if t else type(g).__name__
+                want = " or ".join(str(TensorType(slot.param.shape, d)) for d in
+                                   sorted(allowed, key=lambda d: d.name))
+                raise OptimizerError(f"{kind}.step: the gradient of '{slot.param.name}' is "
+                                     f"{got}, expected {want}")
+        return grads
+
+    # -- state: creation, listing, saving --------------------------------------------------
+    def _make_slot(self, p: Parameter, group: ParamGroup) -> Slot:
+        master = self.master_weights and p.dtype in LOW_PRECISION
+        compute = f32 if master else p.dtype
+        slot = Slot(p, group, compute, self.state_dtype or compute)
+        if master:
+            slot.state["master"] = Parameter(p.numpy().astype(np.float32),
+                                             name=f"{p.name}.master")
+        for key, fill in self.init_state(group).items():
+            value = np.full(p.shape, fill, slot.state_dtype.np_dtype)
+            slot.state[key] = Parameter(value, name=f"{p.name}.{key}")
+        return slot
+
+    def parameters(self) -> list[Parameter]:
+        """Every Parameter the optimizer owns: step counter, hyper-parameters, state."""
+        out = [self.step_count]
+        for g, gs in zip(self.param_groups, self.group_state):
+            out += g.hyper_parameters() + list(gs.values())
+        for s in self._slots:
+            out += list(s.state.values())
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        """A copy of everything needed to resume: the fixed options of each group (for a
+        check on load) and the value of every Parameter the optimizer owns, by name."""
+        return {"param_groups": [self._structure(g) for g in self.param_groups],
+                "state": {p.name: p.numpy() for p in self.parameters()}}
+
+    def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
+        """Restore a `state_dict()`; checks everything before changing anything."""
+        from ..checkpoint import restore
+        kind = type(self).__name__
+        try:
+            groups, arrays = state_dict["param_groups"], state_dict["state"]
+        except (KeyError, TypeError):
+            raise OptimizerError(f"{kind}.load_state_dict: not a state_dict (it needs "
+                                 f"'param_groups' and 'state')") from None
+        mine = [self._structure(g) for g in self.param_groups]
+        if list(groups) != mine:
+            raise OptimizerError(f"{kind}.load_state_dict: the saved groups {groups} differ "
+                                 f"from this optimizer's {mine}")
+        restore(self.parameters(), arrays, f"{kind} state_dict")
+
+    def _structure(self, group: ParamGroup) -> dict[str, Any]:
+        fixed = {k: group[k] for k in group if k != "params" and not group.is_data(k)
+                 and not callable(group[k])}
+        return {"params": [p.name for p in group.params], **fixed}
+
+    def __repr__(self) -> str:
+        groups = "\n".join(f"  {g!r}" for g in self.param_groups)
+        return f"{type(self).__name__}(name={self.name!r}\n{groups}\n)"
+
+
+def check_condition(where: Any, what: str) -> Any:
+    """A step's `where=`: None, a Python bool, or a bool scalar tensor."""
+    if where is None or isinstance(where, (bool, np.bool_)):
+        return where
+    t = _type_of(where)
+    if t is None or t.shape != () or t.dtype != bool_:
+        raise OptimizerError(f"{what}: where= must be a bool scalar, got "
+                             f"{t or type(where).__name__}")
+    return where
+
+
+def _type_of(x: Any) -> TensorType | None:
+    if isinstance(x, Tensor):
+        return x.type
+    if isinstance(x, (np.ndarray, np.generic)):
+        try:
+            return TensorType(x.shape, to_dtype(x.dtype))
+        except TypeError:
+            return None
+    return None
+
+
+def dtype_of(x: Any) -> DType:
+    """The dtype of a tensor, Parameter or numpy array (a gradient, traced or eager)."""
+    return x.dtype if isinstance(x, Tensor) else to_dtype(np.asarray(x).dtype)
+
+
+def as_dtype(x: Any, dtype: DType) -> Any:
+    """x in `dtype`: a cast node only where the dtype differs."""
+    return ops.cast(x, dtype) if dtype_of(x) != dtype else x
+
+
+def _float_dtype(x: Any, what: str) -> DType:
+    try:
+        d = to_dtype(x)
+    except TypeError as e:
+        raise OptimizerError(f"{what}: {e}") from None
+    if not d.is_float:
+        raise OptimizerError(f"{what} must be a float dtype, got {d}")
+    return d
+
+
+COMMON_OPTIONS: dict[str, Option] = {"maximize": flag()}
+
