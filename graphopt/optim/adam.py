@@ -17,7 +17,23 @@ ADAM_OPTIONS = {"lr": nonneg(), "betas": betas(), "eps": nonneg(), "weight_decay
                 **COMMON_OPTIONS}
 
 
-class Adam(Optimizer):
+class Moments(Optimizer):
+    """What Adam, NAdam and LAMB share: the two moving averages of the gradient,
+    `<param>.exp_avg` (m) and `<param>.exp_avg_sq` (v)."""
+
+    def init_state(self, group: ParamGroup) -> dict[str, float]:
+        return {"exp_avg": 0.0, "exp_avg_sq": 0.0}
+
+    def moments(self, s: Slot, g: Any, c: Scalars) -> tuple[Any, Any]:
+        """m ← m + (1 − β1)·(g − m) and v ← β2·v + (1 − β2)·g², stored; returns (m, v)."""
+        m = lerp(self.read_state(s, "exp_avg"), g, c.one_minus_beta1)
+        v = ema_sq(self.read_state(s, "exp_avg_sq"), g, c.beta2, c.one_minus_beta2)
+        self.write_state(s, "exp_avg", m)
+        self.write_state(s, "exp_avg_sq", v)
+        return m, v
+
+
+class Adam(Moments):
     """Adam (torch.optim.Adam, same arguments and defaults).
 
         g ← g + λ·p                    (or, decoupled_weight_decay: p ← p·(1 − lr·λ))
@@ -40,10 +56,7 @@ class Adam(Optimizer):
                                       decoupled_weight_decay=decoupled_weight_decay), **kwargs)
 
     def init_state(self, group: ParamGroup) -> dict[str, float]:
-        state = {"exp_avg": 0.0, "exp_avg_sq": 0.0}
-        if group["amsgrad"]:
-            state["max_exp_avg_sq"] = 0.0
-        return state
+        return super().init_state(group) | ({"max_exp_avg_sq": 0.0} if group["amsgrad"] else {})
 
     def scalars(self, group: ParamGroup, h: Hyper) -> dict[str, Any]:
         # torch: step_size = lr / bias_correction1; bias_correction2 ** 0.5 (pow, as torch).
@@ -53,10 +66,7 @@ class Adam(Optimizer):
 
     def update(self, s: Slot, g: Any, c: Scalars) -> None:
         p, g = weight_decay(self.read(s), g, c, s.group["decoupled_weight_decay"])
-        m = lerp(self.read_state(s, "exp_avg"), g, c.one_minus_beta1)
-        v = ema_sq(self.read_state(s, "exp_avg_sq"), g, c.beta2, c.one_minus_beta2)
-        self.write_state(s, "exp_avg", m)
-        self.write_state(s, "exp_avg_sq", v)
+        m, v = self.moments(s, g, c)
         if "max_exp_avg_sq" in s.state:
             v = ops.maximum(self.read_state(s, "max_exp_avg_sq"), v)
             self.write_state(s, "max_exp_avg_sq", v)
@@ -79,7 +89,7 @@ class AdamW(Adam):
                          decoupled_weight_decay=True, **kwargs)
 
 
-class NAdam(Optimizer):
+class NAdam(Moments):
     """NAdam: Adam with Nesterov momentum (torch.optim.NAdam, same arguments and defaults).
 
         g ← g + λ·p                    (or, decoupled_weight_decay: p ← p·(1 − lr·λ))
@@ -102,9 +112,6 @@ class NAdam(Optimizer):
                                       momentum_decay=momentum_decay, maximize=maximize,
                                       decoupled_weight_decay=decoupled_weight_decay), **kwargs)
 
-    def init_state(self, group: ParamGroup) -> dict[str, float]:
-        return {"exp_avg": 0.0, "exp_avg_sq": 0.0}
-
     def init_group_state(self, group: ParamGroup) -> dict[str, float]:
         return {"mu_product": 1.0}
 
@@ -122,10 +129,7 @@ class NAdam(Optimizer):
 
     def update(self, s: Slot, g: Any, c: Scalars) -> None:
         p, g = weight_decay(self.read(s), g, c, s.group["decoupled_weight_decay"])
-        m = lerp(self.read_state(s, "exp_avg"), g, c.one_minus_beta1)
-        v = ema_sq(self.read_state(s, "exp_avg_sq"), g, c.beta2, c.one_minus_beta2)
-        self.write_state(s, "exp_avg", m)
-        self.write_state(s, "exp_avg_sq", v)
+        m, v = self.moments(s, g, c)
         denom = ops.sqrt(v / c.bias2) + c.eps
         self.write(s, p - c.grad_coef * g / denom - c.avg_coef * m / denom)
 

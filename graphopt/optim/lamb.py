@@ -4,13 +4,13 @@ from __future__ import annotations
 from typing import Any
 
 from .. import ops
-from .adam import ADAM_OPTIONS
+from .adam import ADAM_OPTIONS, Moments
 from .groups import ParamGroup
-from .optimizer import Hyper, Optimizer, Scalars, Slot
-from .rules import ema_sq, l2_norm, lerp, moment_scalars
+from .optimizer import Hyper, Scalars, Slot
+from .rules import l2_norm, moment_scalars
 
 
-class LAMB(Optimizer):
+class LAMB(Moments):
     """LAMB (You et al. 2020, "Large Batch Optimization for Deep Learning", Algorithm 2), as
     MindSpore's nn.Lamb computes it, without its clip of the trust ratio to [0, 10].
 
@@ -31,19 +31,13 @@ class LAMB(Optimizer):
         super().__init__(params, dict(lr=lr, betas=betas, eps=eps, weight_decay=weight_decay,
                                       maximize=maximize), **kwargs)
 
-    def init_state(self, group: ParamGroup) -> dict[str, float]:
-        return {"exp_avg": 0.0, "exp_avg_sq": 0.0}
-
     def scalars(self, group: ParamGroup, h: Hyper) -> dict[str, Any]:
         return {**moment_scalars(h), "lr": h.lr, "eps": h.eps, "weight_decay": h.weight_decay,
                 "bias1": 1 - h.beta1 ** h.t, "bias2": 1 - h.beta2 ** h.t}
 
     def update(self, s: Slot, g: Any, c: Scalars) -> None:
         p = self.read(s)
-        m = lerp(self.read_state(s, "exp_avg"), g, c.one_minus_beta1)
-        v = ema_sq(self.read_state(s, "exp_avg_sq"), g, c.beta2, c.one_minus_beta2)
-        self.write_state(s, "exp_avg", m)
-        self.write_state(s, "exp_avg_sq", v)
+        m, v = self.moments(s, g, c)
         r = (m / c.bias1) / (ops.sqrt(v / c.bias2) + c.eps) + c.weight_decay * p
         p_norm, r_norm = l2_norm(p), l2_norm(r)
         trust = ops.where((p_norm > 0) & (r_norm > 0), p_norm / r_norm, 1.0)
