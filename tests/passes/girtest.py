@@ -27,6 +27,7 @@ import contextlib
 import io
 import re
 import shlex
+import traceback
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -39,7 +40,7 @@ from filecheck.parser import Parser, pattern_for_opts
 RUN_RE = re.compile(r"^\s*#\s*RUN:(.*)$")
 # Anything that looks like a directive (`# WORD:` or `# WORD-SUFFIX:`) in a comment.
 DIRECTIVE_RE = re.compile(r"^\s*#\s*([A-Z][A-Z0-9_]*)(-[A-Z0-9-]+)?(\{LITERAL\})?:")
-SUFFIXES = {None, "-NEXT", "-NOT", "-LABEL", "-SAME", "-DAG", "-EMPTY"}
+SUFFIXES = re.compile(r"-(NEXT|NOT|LABEL|SAME|DAG|EMPTY|COUNT-[0-9]+)")
 CONTEXT_LINES = 12  # output lines shown on each side of where matching stopped
 
 
@@ -98,7 +99,8 @@ def lint(text: str, path: Path, runs: list[RunLine]) -> None:
     lines = text.splitlines()
     for lineno, line in enumerate(lines, 1):
         m = DIRECTIVE_RE.match(line)
-        if m and (m.group(1) not in known or m.group(2) not in SUFFIXES):
+        if m and (m.group(1) not in known or
+                  (m.group(2) is not None and not SUFFIXES.fullmatch(m.group(2)))):
             raise GirFailure(f"{path}:{lineno}: unknown directive {m.group(0).strip()!r} (prefixes "
                              f"of this file: {', '.join(sorted(known - {'RUN', 'COM'}))})")
     for prefix in {p for r in runs for p in r.prefixes}:
@@ -184,8 +186,12 @@ def run_file(path: Path) -> None:
     runs = parse_run_lines(text, path)
     lint(text, path, runs)
     for run in runs:
-        code, out, err = run_graphopt(run.argv)
         where = f"RUN (line {run.lineno}): {run.text}"
+        try:
+            code, out, err = run_graphopt(run.argv)
+        except Exception:  # a crash in graphopt, not an error it reports: show where
+            raise GirFailure(f"{path}:{run.lineno}: {where}\ngraphopt crashed:\n"
+                             f"{traceback.format_exc()}") from None
         if run.expect_fail != (code != 0):
             expected = "to fail" if run.expect_fail else "to succeed"
             raise GirFailure(f"{path}:{run.lineno}: {where}\nexpected graphopt {expected}, exit code {code}\n"

@@ -107,3 +107,21 @@ def test_excerpt_marks_the_line_and_cuts_long_output():
     text = excerpt(output, output.index("line 50"), "matching stopped")
     assert ">   50 | line 50" in text and "line 37" not in text and "line 38" in text
     assert text.startswith("output near where matching stopped (line 50 of 100):")
+
+
+def test_check_count(tmp_path):
+    run_file(write(tmp_path, "# dce keeps both squares.\n# RUN: graphopt opt %s --passes dce\n"
+                   + GRAPH + "# CHECK-COUNT-2: = multiply %x, %x\n# CHECK-NOT: multiply\n"
+                   "# CHECK: return\n"))
+
+
+def test_a_crash_names_the_run_line(tmp_path, monkeypatch):
+    import graphopt.cli
+
+    def crash(argv):
+        raise AssertionError("boom")
+    monkeypatch.setattr(graphopt.cli, "main", crash)
+    message = failure(write(tmp_path, "# Crashes.\n# RUN: graphopt opt %s\n" + GRAPH
+                            + "# CHECK: graph\n"))
+    assert "case.gir:2: RUN (line 2): graphopt opt %s\ngraphopt crashed:" in message
+    assert "AssertionError: boom" in message
