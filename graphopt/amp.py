@@ -48,7 +48,7 @@ class LossScaler:
 
     def scale(self, loss: Any) -> Tensor:
         """loss × scale (in the loss's dtype): differentiate this, not the loss."""
-        return loss * ops.cast(self.loss_scale, loss.dtype)
+        return loss * as_dtype(self.loss_scale, dtype_of(loss))
 
     def unscale(self, grads: Grads) -> tuple[Any, Tensor]:
         """(gradients × 1/scale, all finite): torch's `_amp_foreach_non_finite_check_and_

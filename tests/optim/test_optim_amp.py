@@ -140,3 +140,21 @@ def test_static_scaler():
 def test_bad_scaler_options(options, message):
     with pytest.raises(OptimizerError, match=message):
         amp.DynamicLossScaler(**options)
+
+
+def test_scaled_loss_through_autodiff_in_one_jitted_step():
+    w = go.Parameter(np.array([1.0, -2.0], np.float32), name="w")
+    opt = optim.SGD([w], lr=0.1)
+    scaler = amp.DynamicLossScaler(init_scale=1024.0, growth_interval=2)
+
+    @go.jit
+    def step(x):
+        loss, (g,) = go.value_and_grad(lambda x: scaler.scale(go.ops.sum(w * x)), wrt=[w])(x)
+        scaler.step(opt, [g])
+        return loss
+
+    x = np.array([0.5, 0.5], np.float32)
+    assert float(step(x)) == 1024.0 * -0.5
+    np.testing.assert_array_equal(w.numpy(), np.array([1.0, -2.0], np.float32) - 0.1 * x)
+    step(x)
+    assert scaler.scale_value == 2048.0 and step.cache_info().traces == 1
