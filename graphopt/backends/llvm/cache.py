@@ -92,8 +92,9 @@ def make_key(parts: Mapping[str, str]) -> str:
         value = parts[name]
         if not isinstance(name, str) or not isinstance(value, str):
             raise TypeError(f"cache key parts must be str -> str, got {name!r}: {type(value)}")
-        for field in (name.encode("utf-8", "surrogatepass"), value.encode("utf-8", "surrogatepass")):
-            h.update(struct.pack("<Q", len(field)) + field)
+        for field in (name, value):
+            data = field.encode("utf-8", "surrogatepass")
+            h.update(struct.pack("<Q", len(data)) + data)
     return h.hexdigest()
 
 
@@ -201,7 +202,7 @@ def _pack(key: str, parts: Mapping[str, str], payload: bytes) -> bytes:
 def _unpack_header(data: bytes, key: str | None) -> tuple[int, int, int]:
     """Check an entry's header (and its key, unless None) -> (header size, description length,
     payload length); raises _BadEntry."""
-    if not MAGIC.startswith(data[:len(MAGIC)]) or not data:
+    if not data.startswith(MAGIC) and not MAGIC.startswith(data):
         raise _BadEntry("magic", "is not a graphopt cache entry (wrong magic bytes)")
     if len(data) < _HEADER.size:
         raise _BadEntry("truncated", f"is truncated ({len(data)} bytes, shorter than a header)")
@@ -385,7 +386,12 @@ def clear() -> int:
 def info() -> dict:
     d = location()
     found = entries(d, descriptions=False)
-    safety = "missing" if d is None or not d.exists() else (unsafe_reason(d) or "ok")
+    try:
+        safety = (unsafe_reason(d) or "ok") if d else "no home directory"
+    except FileNotFoundError:
+        safety = "not made yet"
+    except OSError as e:
+        safety = f"cannot be used ({e.strerror})"
     return {"path": str(d), "enabled": enabled(), "entries": len(found),
             "bytes": sum(e.size for e in found), "max_bytes": max_bytes(), "directory": safety}
 
@@ -404,14 +410,15 @@ def _log(event: str, key: str, parts: Mapping[str, str] | None, detail: str,
     desc = describe(parts or {})
     width = max(map(len, desc), default=0)
     lines += [f"  {name:<{width}}  {_show(value)}" for name, value in desc.items()]
-    if d is not None:
-        best = max(reversed(entries(d)), key=lambda e: sum((e.description or {}).get(n) == v
-                                                 for n, v in desc.items()), default=None)
-        if best is not None and best.description is not None:
-            old = best.description
+    if d is not None:  # a miss: compare with the cached entry that shares the most parts
+        def shared(e: Entry) -> int:
+            return sum((e.description or {}).get(n) == v for n, v in desc.items())
+        best = max(reversed(entries(d)), key=shared, default=None)  # ties: most recently used
+        if best is not None and shared(best) > 0:
+            old, absent = best.description or {}, "(absent)"
             changed = [n for n in sorted(set(desc) | set(old)) if desc.get(n) != old.get(n)]
             lines.append(f"  closest cached entry {best.key[:16]} differs in: {', '.join(changed)}")
-            lines += [f"    {n}: {_show(old.get(n, '(absent)'))} -> {_show(desc.get(n, '(absent)'))}"
+            lines += [f"    {n}: {_show(old.get(n, absent))} -> {_show(desc.get(n, absent))}"
                       for n in changed]
     logger.info("\n".join(lines))
 
