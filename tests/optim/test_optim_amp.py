@@ -158,3 +158,18 @@ def test_scaled_loss_through_autodiff_in_one_jitted_step():
     np.testing.assert_array_equal(w.numpy(), np.array([1.0, -2.0], np.float32) - 0.1 * x)
     step(x)
     assert scaler.scale_value == 2048.0 and step.cache_info().traces == 1
+
+
+def test_eager_mode_gives_the_jitted_results():
+    runs = []
+    for mode in ("jit", "eager"):
+        params, opt, scaler, step, grads = setup(init_scale=512.0, growth_interval=2)
+        step = step if mode == "jit" else (lambda gs: scaler.step(opt, gs))
+        for k, gs in enumerate(grads[:8]):
+            scaled = [g * np.float32(scaler.scale_value) for g in gs]
+            if k == 2:
+                scaled[1][0] = np.nan
+            step(scaled)
+        runs.append(snapshot(opt, scaler))
+    for a, b in zip(*runs):
+        np.testing.assert_array_equal(a, b)
