@@ -88,7 +88,8 @@ class MemoryReport:
         lines.append(f"  backward pass starts at node {self.backward_start}: "
                      f"{self.backward_line}")
         lines.append(f"  kept alive for the backward pass (made before it, read by it): "
-                     f"{len(self.kept)} values, {_size(self.kept_bytes)}")
+                     f"{len(self.kept)} value{'s' * (len(self.kept) != 1)}, "
+                     f"{_size(self.kept_bytes)}")
         width = max((len(r.name) for r in self.kept), default=0)
         for r in self.kept:
             lines.append(f"    {r.name:<{width}}  {str(r.value.type):<12} {_size(r.nbytes):>9}  "
