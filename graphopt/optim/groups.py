@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.tracer import current_trace
+from .schedules import Schedule
 
 DATA, FLAG, INIT = "data", "flag", "init"
 
@@ -43,12 +44,8 @@ class Option:
 
 
 def nonneg() -> Option:
+    """A number >= 0 (lr, eps, weight_decay, momentum, ...)."""
     return Option()
-
-
-def unit_interval() -> Option:
-    """A decay rate in [0, 1), as torch checks betas and RMSprop's alpha."""
-    return Option(rule="in [0, 1)", check=lambda x: 0 <= x < 1)
 
 
 def real() -> Option:
@@ -60,11 +57,11 @@ def flag() -> Option:
 
 
 def betas() -> Option:
+    """A pair of decay rates, each in [0, 1) as torch checks them; one Parameter each."""
     return Option(rule="in [0, 1)", check=lambda x: 0 <= x < 1, names=("beta1", "beta2"))
 
 
 def _is_schedule(x: Any) -> bool:
-    from .schedules import Schedule
     return isinstance(x, Schedule)
 
 
