@@ -1,17 +1,23 @@
-"""Backends run a graph: `interpreter` (numpy, the reference semantics)."""
+"""Backends run a graph: `interpreter` (numpy, the reference semantics) and `llvm` (kernels
+compiled to native code, parameters updated in place).
+
+A backend is a module with `compile(graph, *, fastmath, cache) -> program`, where
+`program.run(inputs)` returns the graph's outputs and the new values of the parameters it
+did not already update in place.
+"""
 from __future__ import annotations
 
+import importlib
 from types import ModuleType
 
 from ..errors import BackendError
-from . import interpreter
 
-BACKENDS: dict[str, ModuleType] = {"interpreter": interpreter}
+BACKENDS = {"interpreter": "graphopt.backends.interpreter", "llvm": "graphopt.backends.llvm"}
 
 
 def get_backend(name: str) -> ModuleType:
     try:
-        return BACKENDS[name]
+        return importlib.import_module(BACKENDS[name])  # llvmlite loads only when used
     except KeyError:
         raise BackendError(f"unknown backend '{name}'; known backends: "
                            f"{', '.join(sorted(BACKENDS))}") from None

@@ -21,14 +21,16 @@ from . import get_backend
 
 class Executable:
     def __init__(self, fn: Callable, traced: Traced, backend: str,
-                 passes: str | Sequence[str] | None = None, fastmath: bool = False):
+                 passes: str | Sequence[str] | None = None, fastmath: bool = False,
+                 cache: bool = True):
         from .. import passes as pass_manager
         self.fn = fn
         self.traced_graph: Graph = traced.graph  # as traced, before any pass
         self.pass_result = pass_manager.run(traced.graph, passes, fastmath=fastmath)
         self.graph: Graph = self.pass_result.graph  # what runs
         self.backend_name = backend
-        self._backend = get_backend(backend)
+        self.program = get_backend(backend).compile(self.graph, fastmath=fastmath, cache=cache)
+        self._native = backend != "interpreter"
         self._in_tree, self._out_tree = traced.in_tree, traced.out_tree
         self._leaf_kinds = traced.leaf_kinds
         self._params = traced.params
@@ -48,9 +50,9 @@ class Executable:
             if kind == "param":
                 continue
             v = next(args)
-            inputs[v] = _checked_array(leaf, v.type, path)
+            inputs[v] = _checked_array(leaf, v.type, path, self._native)
         start = time.perf_counter()
-        outputs, updates = self._backend.run(self.graph, inputs)
+        outputs, updates = self.program.run(inputs)
         # Results are copies, taken before the commit: an output may be a view of a parameter
         # buffer (`p.T` read before `assign(p, ...)`) or of an argument.
         results = [np.array(o) for o in outputs]
@@ -63,6 +65,26 @@ class Executable:
         alive for the backward pass (see graphopt/ir/liveness.py); print it to read it."""
         from ..ir.liveness import memory_report
         return memory_report(self.graph)
+
+    # -- what the backend made --------------------------------------------------------------
+    @property
+    def kernels(self) -> list:
+        """The compiled kernels (llvm backend): name, cache key and parts, compile time."""
+        return list(self.program.kernels)
+
+    def llvm_ir(self, optimized: bool = True) -> str:
+        """The LLVM IR of every compiled kernel, optimised (as run) or as generated."""
+        from .llvm import engine
+        texts = []
+        for k in self.program.kernels:
+            text = k.ir_text if not optimized else (k.optimized_ir or
+                                                    str(engine.optimize(k.module)))
+            texts.append(f"; kernel {k.name} (cache key {k.key[:16]})\n{text}")
+        return "\n".join(texts)
+
+    def asm(self) -> str:
+        """The host assembly of every compiled kernel."""
+        return "\n".join(f"# kernel {k.name}\n{k.asm()}" for k in self.program.kernels)
 
     def _param_arrays(self):
         for v, p in self.param_inputs:
@@ -84,7 +106,7 @@ def _root(a: np.ndarray) -> np.ndarray:
     return a
 
 
-def _checked_array(leaf: Any, t: TensorType, path: str) -> np.ndarray:
+def _checked_array(leaf: Any, t: TensorType, path: str, native: bool = False) -> np.ndarray:
     if isinstance(leaf, EagerTensor):
         leaf = leaf.array
     if isinstance(leaf, (bool, int, float)):
@@ -93,4 +115,11 @@ def _checked_array(leaf: Any, t: TensorType, path: str) -> np.ndarray:
     if a.shape != t.shape or a.dtype != t.dtype.np_dtype:
         raise SignatureError(f"argument '{path}' is {a.dtype}{list(a.shape)}, but this step was "
                              f"compiled for {t}")
+    if native and a.ndim and not a.flags.c_contiguous:
+        raise SignatureError(f"argument '{path}' is not C-contiguous (a transposed or sliced "
+                             f"view?); native kernels read contiguous buffers: pass "
+                             f"np.ascontiguousarray(...)")
+    if native and a.ctypes.data % a.dtype.alignment:
+        raise SignatureError(f"argument '{path}' is not aligned to its {a.dtype.alignment}-byte "
+                             f"dtype; pass a copy (np.array(...))")
     return a

@@ -42,3 +42,19 @@ def run(graph: Graph, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray]
                                      f"no parameter was changed", loc=node.loc) from None
             env.update(zip(node.outputs, results))
     return [env[v] for v in graph.outputs], updates  # type: ignore[misc]
+
+
+class InterpreterProgram:
+    """The interpreter needs no compilation: its program is the graph."""
+
+    def __init__(self, graph: Graph):
+        self.graph = graph
+        self.kernels: list = []
+
+    def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
+                                                            dict[str, np.ndarray]]:
+        return run(self.graph, inputs)
+
+
+def compile(graph: Graph, *, fastmath: bool = False, cache: bool = True) -> InterpreterProgram:
+    return InterpreterProgram(graph)

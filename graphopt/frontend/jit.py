@@ -24,12 +24,14 @@ class CacheInfo:
 
 class JittedFunction:
     def __init__(self, fn: Callable, backend: str = "interpreter",
-                 passes: str | Sequence[str] | None = None, fastmath: bool = False):
+                 passes: str | Sequence[str] | None = None, fastmath: bool = False,
+                 cache: bool = True):
         from ..backends import get_backend
         from ..passes.manager import parse_pipeline
         get_backend(backend)  # an unknown backend or pass fails here, not at the first call
         self.passes = parse_pipeline(passes)
         self.fastmath = fastmath
+        self.cache = cache
         self.fn = fn
         self.backend = backend
         self._cache: dict[tuple, Any] = {}
@@ -48,7 +50,8 @@ class JittedFunction:
             traced = trace_function(self.fn, args, kwargs)
             self._traces += 1
             traced.graph.verify()
-            exe = Executable(self.fn, traced, self.backend, self.passes, self.fastmath)
+            exe = Executable(self.fn, traced, self.backend, self.passes, self.fastmath,
+                             self.cache)
             self._compiles += 1
             self._cache[key] = exe
             self._tree = tree
@@ -71,12 +74,13 @@ class JittedFunction:
 
 
 def jit(fn: Callable | None = None, *, backend: str = "interpreter",
-        passes: str | Sequence[str] | None = None, fastmath: bool = False):
+        passes: str | Sequence[str] | None = None, fastmath: bool = False, cache: bool = True):
     """Compile a step function: `@jit`, `@jit(backend=..., passes=...)` or `jit(fn, ...)`.
 
     `passes` is the pipeline (names, or "dce,cse,..."); None means the default pipeline
     (graphopt.passes.DEFAULT_PIPELINE) and "" none. `fastmath` allows rewrites that are only
-    algebraically exact (see passes/simplify.py)."""
+    algebraically exact (see passes/simplify.py) and fast-math flags in compiled kernels.
+    `cache=False` keeps compiled kernels out of the disk cache."""
     if fn is None:
-        return lambda f: JittedFunction(f, backend, passes, fastmath)
-    return JittedFunction(fn, backend, passes, fastmath)
+        return lambda f: JittedFunction(f, backend, passes, fastmath, cache)
+    return JittedFunction(fn, backend, passes, fastmath, cache)

@@ -61,12 +61,13 @@ def _one_dtype(op: str, types: Sequence[TensorType], kinds: tuple[str, ...]) -> 
 
 def _elementwise(name: str, n: int, impl: Callable[..., Any], kinds: tuple[str, ...],
                  result: DType | None = None, doc: str = "",
-                 vjp: tuple[VjpRule | None, ...] | None = None) -> OpDef:
+                 vjp: tuple[VjpRule | None, ...] | None = None,
+                 lower: Callable[..., Any] | None = None) -> OpDef:
     def infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         ts = _tensors(name, types, n)
         d = _one_dtype(name, ts, kinds)
         return [TensorType(_broadcast(name, ts), result or d)]
-    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc, vjp=vjp))
+    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc, vjp=vjp, lower=lower))
 
 
 # -- what VJP rules share -----------------------------------------------------------------------
@@ -105,37 +106,37 @@ def _power_dy(ct: Any, out: Any, x: Any, y: Any) -> Any:
 
 
 # -- elementwise --------------------------------------------------------------------------------
-_elementwise("add", 2, np.add, NUM, vjp=(_identity_vjp, _identity_vjp))
-_elementwise("subtract", 2, np.subtract, NUM, vjp=(_identity_vjp, lambda ct, out, x, y: -ct))
-_elementwise("multiply", 2, np.multiply, NUM,
+_elementwise("add", 2, np.add, NUM, lower=lambda e, x, y: e.add(x, y), vjp=(_identity_vjp, _identity_vjp))
+_elementwise("subtract", 2, np.subtract, NUM, lower=lambda e, x, y: e.sub(x, y), vjp=(_identity_vjp, lambda ct, out, x, y: -ct))
+_elementwise("multiply", 2, np.multiply, NUM, lower=lambda e, x, y: e.mul(x, y),
              vjp=(lambda ct, out, x, y: ct * y, lambda ct, out, x, y: ct * x))
-_elementwise("divide", 2, np.divide, FLOAT,
+_elementwise("divide", 2, np.divide, FLOAT, lower=lambda e, x, y: e.div(x, y),
              vjp=(lambda ct, out, x, y: ct / y, lambda ct, out, x, y: -ct * out / y))
-_elementwise("power", 2, np.power, NUM, vjp=(_power_dx, _power_dy))
-_elementwise("maximum", 2, np.maximum, NUM, doc="NaN-propagating, like numpy.maximum",
+_elementwise("power", 2, np.power, NUM, lower=lambda e, x, y: e.pow(x, y), vjp=(_power_dx, _power_dy))
+_elementwise("maximum", 2, np.maximum, NUM, lower=lambda e, x, y: e.maximum(x, y), doc="NaN-propagating, like numpy.maximum",
              vjp=_extremum_vjp(lambda a, b: a > b))
-_elementwise("minimum", 2, np.minimum, NUM, doc="NaN-propagating, like numpy.minimum",
+_elementwise("minimum", 2, np.minimum, NUM, lower=lambda e, x, y: e.minimum(x, y), doc="NaN-propagating, like numpy.minimum",
              vjp=_extremum_vjp(lambda a, b: a < b))
-_elementwise("negative", 1, np.negative, NUM, vjp=(lambda ct, out, x: -ct,))
-_elementwise("abs", 1, np.abs, NUM, vjp=(lambda ct, out, x: ct * ops.sign(x),))
-_elementwise("sign", 1, np.sign, NUM, vjp=(None,))  # piecewise constant: zero gradient
-_elementwise("sqrt", 1, np.sqrt, FLOAT, vjp=(lambda ct, out, x: ct * 0.5 / out,))
-_elementwise("rsqrt", 1, lambda x: np.reciprocal(np.sqrt(x)), FLOAT, doc="1 / sqrt(x)",
+_elementwise("negative", 1, np.negative, NUM, lower=lambda e, x: e.neg(x), vjp=(lambda ct, out, x: -ct,))
+_elementwise("abs", 1, np.abs, NUM, lower=lambda e, x: e.abs(x), vjp=(lambda ct, out, x: ct * ops.sign(x),))
+_elementwise("sign", 1, np.sign, NUM, lower=lambda e, x: e.sign(x), vjp=(None,))  # piecewise constant: zero gradient
+_elementwise("sqrt", 1, np.sqrt, FLOAT, lower=lambda e, x: e.sqrt(x), vjp=(lambda ct, out, x: ct * 0.5 / out,))
+_elementwise("rsqrt", 1, lambda x: np.reciprocal(np.sqrt(x)), FLOAT, lower=lambda e, x: e.div(e.like(x, 1), e.sqrt(x)), doc="1 / sqrt(x)",
              vjp=(lambda ct, out, x: ct * -0.5 * out / x,))
-_elementwise("exp", 1, np.exp, FLOAT, vjp=(lambda ct, out, x: ct * out,))
-_elementwise("log", 1, np.log, FLOAT, vjp=(lambda ct, out, x: ct / x,))
-_elementwise("sin", 1, np.sin, FLOAT, vjp=(lambda ct, out, x: ct * ops.cos(x),))
-_elementwise("cos", 1, np.cos, FLOAT, vjp=(lambda ct, out, x: -ct * ops.sin(x),))
-_elementwise("isfinite", 1, np.isfinite, ANY, result=bool_)
-_elementwise("less", 2, np.less, NUM, result=bool_)
-_elementwise("less_equal", 2, np.less_equal, NUM, result=bool_)
-_elementwise("greater", 2, np.greater, NUM, result=bool_)
-_elementwise("greater_equal", 2, np.greater_equal, NUM, result=bool_)
-_elementwise("equal", 2, np.equal, ANY, result=bool_)
-_elementwise("not_equal", 2, np.not_equal, ANY, result=bool_)
-_elementwise("logical_and", 2, np.logical_and, BOOL)
-_elementwise("logical_or", 2, np.logical_or, BOOL)
-_elementwise("logical_not", 1, np.logical_not, BOOL)
+_elementwise("exp", 1, np.exp, FLOAT, lower=lambda e, x: e.exp(x), vjp=(lambda ct, out, x: ct * out,))
+_elementwise("log", 1, np.log, FLOAT, lower=lambda e, x: e.log(x), vjp=(lambda ct, out, x: ct / x,))
+_elementwise("sin", 1, np.sin, FLOAT, lower=lambda e, x: e.sin(x), vjp=(lambda ct, out, x: ct * ops.cos(x),))
+_elementwise("cos", 1, np.cos, FLOAT, lower=lambda e, x: e.cos(x), vjp=(lambda ct, out, x: -ct * ops.sin(x),))
+_elementwise("isfinite", 1, np.isfinite, ANY, lower=lambda e, x: e.isfinite(x), result=bool_)
+_elementwise("less", 2, np.less, NUM, lower=lambda e, x, y: e.compare('<', x, y), result=bool_)
+_elementwise("less_equal", 2, np.less_equal, NUM, lower=lambda e, x, y: e.compare('<=', x, y), result=bool_)
+_elementwise("greater", 2, np.greater, NUM, lower=lambda e, x, y: e.compare('>', x, y), result=bool_)
+_elementwise("greater_equal", 2, np.greater_equal, NUM, lower=lambda e, x, y: e.compare('>=', x, y), result=bool_)
+_elementwise("equal", 2, np.equal, ANY, lower=lambda e, x, y: e.compare('==', x, y), result=bool_)
+_elementwise("not_equal", 2, np.not_equal, ANY, lower=lambda e, x, y: e.compare('!=', x, y), result=bool_)
+_elementwise("logical_and", 2, np.logical_and, BOOL, lower=lambda e, x, y: e.and_(x, y))
+_elementwise("logical_or", 2, np.logical_or, BOOL, lower=lambda e, x, y: e.or_(x, y))
+_elementwise("logical_not", 1, np.logical_not, BOOL, lower=lambda e, x: e.not_(x))
 
 
 def _where_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -147,6 +148,7 @@ def _where_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 
 
 register(OpDef("where", ELEMENTWISE, _where_infer, np.where,
+               lower=lambda e, c, x, y: e.select(c, x, y),
                doc="where(cond, x, y): x where cond is true, else y",
                vjp=(None, lambda ct, out, c, x, y: ops.where(c, ct, 0),
                     lambda ct, out, c, x, y: ops.where(c, 0, ct))))
@@ -160,6 +162,7 @@ def _cast_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 register(OpDef("cast", ELEMENTWISE, _cast_infer,
                lambda x, dtype: x.astype(to_dtype(dtype).np_dtype), attrs=("dtype",),
                doc="convert to dtype (floats to ints truncate toward zero, like numpy)",
+               lower=lambda e, x, dtype: e.cast(x, e.in_dtypes[0], to_dtype(dtype)),
                # Only float-to-float casts carry a gradient: autodiff stops at integers.
                vjp=(lambda ct, out, x, dtype: ops.cast(ct, x.dtype),)))
 
@@ -367,23 +370,33 @@ def _gelu(x: np.ndarray) -> np.ndarray:
     return 0.5 * x * (1 + np.tanh(_GELU_C * (x + _GELU_A * x ** 3)))
 
 
+def _softplus_lower(e: Any, x: Any) -> Any:
+    """max(x, 0) + log1p(exp(-|x|)): log(1 + exp(x)) without overflow."""
+    return e.add(e.maximum(x, e.like(x, 0)), e.log1p(e.exp(e.neg(e.abs(x)))))
+
+
+def _gelu_lower(e: Any, x: Any) -> Any:
+    inner = e.mul(e.like(x, _GELU_C), e.add(x, e.mul(e.like(x, _GELU_A), e.mul(x, e.mul(x, x)))))
+    return e.mul(e.mul(e.like(x, 0.5), x), e.add(e.like(x, 1), e.tanh(inner)))
+
+
 def _gelu_vjp(ct: Any, out: Any, x: Any) -> Any:
     t = ops.tanh(_GELU_C * (x + _GELU_A * x * x * x))
     return ct * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * x * x))
 
 
-_elementwise("relu", 1, lambda x: np.maximum(x, 0), NUM, doc="max(x, 0); gradient 0 at x = 0",
+_elementwise("relu", 1, lambda x: np.maximum(x, 0), NUM, lower=lambda e, x: e.maximum(x, e.like(x, 0)), doc="max(x, 0); gradient 0 at x = 0",
              vjp=(lambda ct, out, x: ops.where(x > 0, ct, 0),))
-_elementwise("tanh", 1, np.tanh, FLOAT, vjp=(lambda ct, out, x: ct * (1 - out * out),))
-_elementwise("sigmoid", 1, lambda x: np.exp(-np.logaddexp(0, -x)), FLOAT,
+_elementwise("tanh", 1, np.tanh, FLOAT, lower=lambda e, x: e.tanh(x), vjp=(lambda ct, out, x: ct * (1 - out * out),))
+_elementwise("sigmoid", 1, lambda x: np.exp(-np.logaddexp(0, -x)), FLOAT, lower=lambda e, x: e.exp(e.neg(_softplus_lower(e, e.neg(x)))),
              doc="1 / (1 + exp(-x)), computed as exp(-softplus(-x)): no overflow",
              vjp=(lambda ct, out, x: ct * out * (1 - out),))
-_elementwise("softplus", 1, lambda x: np.logaddexp(0, x), FLOAT,
+_elementwise("softplus", 1, lambda x: np.logaddexp(0, x), FLOAT, lower=lambda e, x: _softplus_lower(e, x),
              doc="log(1 + exp(x)), computed without overflow",
              vjp=(lambda ct, out, x: ct * ops.sigmoid(x),))
-_elementwise("gelu", 1, _gelu, FLOAT, doc="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
+_elementwise("gelu", 1, _gelu, FLOAT, lower=_gelu_lower, doc="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
              vjp=(_gelu_vjp,))
-_elementwise("stop_gradient", 1, lambda x: x, ANY,
+_elementwise("stop_gradient", 1, lambda x: x, ANY, lower=lambda e, x: x,
              doc="x itself; reverse-mode autodiff sends no gradient through it", vjp=(None,))
 
 

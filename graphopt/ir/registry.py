@@ -52,6 +52,10 @@ class OpDef:
     # Reverse mode (frontend/autodiff.py): one rule per input, None where no gradient flows
     # (an integer index, a condition); `vjp=None` means the op is not differentiable.
     vjp: tuple[VjpRule | None, ...] | None = None
+    # LLVM lowering of one element (backends/llvm): `lower(e, *operands, **attrs)` builds the
+    # result from the primitives of an Emitter (e.add, e.sqrt, e.select, ...); None: the op
+    # is not compiled, and a kernel holding it runs through numpy.
+    lower: Callable[..., Any] | None = None
 
     @property
     def is_pure(self) -> bool:

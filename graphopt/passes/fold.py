@@ -68,7 +68,7 @@ def fold(graph: Graph, ctx: PassContext) -> dict:
 
 def _fill_or_array(result: np.ndarray):
     """The scalar when every element has the same bits (NaN and -0.0 included), else the array."""
-    flat = result.reshape(-1)
+    flat = np.ascontiguousarray(result).reshape(-1)  # (a broadcast result has stride 0)
     if flat.size == 0:
         return result
     rows = flat.view(np.uint8).reshape(flat.size, -1)

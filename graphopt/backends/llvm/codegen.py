@@ -1,0 +1,381 @@
+"""Codegen: one kernel node becomes one LLVM function (see ir/kernel.py for kernels).
+
+    void @kernel(i64 lo, i64 hi, ptr args, ptr partials)
+
+`args` points to an array of pointers: the per-instance operands (instance after instance),
+the shared operands, then the mapped outputs (instance after instance). A call runs the
+*units* lo..hi of the kernel's instances laid end to end; a unit is one step of an instance's
+outermost loop, so two threads can run one kernel on two halves of its units.
+
+The loops: an instance's iteration space is collapsed first (size-1 dimensions dropped,
+neighbours merged where every operand is contiguous across them), so most kernels are one flat
+loop the vectorizer turns into SIMD code; an operand that broadcasts has stride 0 along the
+dimensions it lacks. Scalars are loaded once, before the loop.
+
+Reductions use a fixed chunking: each instance's units are cut into blocks of BLOCK_ELEMENTS
+elements, each block's result is written to `partials`, and the runtime combines the
+partials in order. Threads only split at block edges, so a reduction gives the same result on
+every run, however many threads ran it.
+"""
+from __future__ import annotations
+
+import hashlib
+import math
+from dataclasses import dataclass
+
+import numpy as np
+from llvmlite import ir
+
+from ...ir.graph import Node, Value
+from ...ir.kernel import REDUCTIONS, layout, stores
+from ...ir.printer import format_graph
+from ...ir.types import TensorType
+from .emitter import I64, Emitter, LoweringError, compute_type
+
+BLOCK_ELEMENTS = 8192  # elements per reduction block (a few pages of each operand)
+PTR = ir.PointerType()
+F64 = ir.DoubleType()
+
+
+@dataclass(frozen=True)
+class Instance:
+    dims: tuple[int, ...]  # the collapsed iteration space
+    strides: tuple[tuple[int, ...], ...]  # per body input, then per mapped output (elements)
+    unit_offset: int  # where its units start among all instances' units
+    block_units: int  # units per reduction block
+    block_offset: int  # index of its first block among all blocks
+
+    @property
+    def units(self) -> int:
+        return self.dims[0] if self.dims else 1
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.units // self.block_units)
+
+
+@dataclass(frozen=True)
+class KernelABI:
+    """What the runtime must know to call a compiled kernel."""
+
+    name: str
+    instances: tuple[Instance, ...]
+    n_operands: int  # len(node.inputs)
+    n_maps: int  # mapped outputs per instance
+    reductions: tuple[str, ...]  # kind of each reduced output, in body-output order
+    has_token: bool
+
+    @property
+    def total_units(self) -> int:
+        return sum(i.units for i in self.instances)
+
+    @property
+    def total_blocks(self) -> int:
+        return sum(i.blocks for i in self.instances)
+
+
+def _strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[int]:
+    """Element strides of a C-contiguous array of `shape` broadcast into `space`."""
+    shape = (1,) * (len(space) - len(shape)) + tuple(shape)
+    out, step = [], 1
+    for size, full in reversed(list(zip(shape, space))):
+        out.append(step if size == full and full != 1 else 0)
+        step *= size
+    return out[::-1]
+
+
+def collapse(space: tuple[int, ...], shapes: list[tuple[int, ...]]) -> tuple[tuple[int, ...],
+                                                                           list[tuple[int, ...]]]:
+    """Drop size-1 dimensions and merge neighbours that every array walks contiguously."""
+    per = [_strides(s, space) for s in shapes]
+    dims: list[int] = []
+    strides: list[list[int]] = [[] for _ in shapes]
+    for k, size in enumerate(space):
+        if size == 1:
+            continue
+        if dims and all(st[-1] == p[k] * size for st, p in zip(strides, per)):
+            dims[-1] *= size  # contiguous across: one longer dimension
+            for st, p in zip(strides, per):
+                st[-1] = p[k]
+            continue
+        dims.append(size)
+        for st, p in zip(strides, per):
+            st.append(p[k])
+    return tuple(dims), [tuple(s) for s in strides]
+
+
+def flags(fastmath: bool) -> str:
+    return f"fastmath={fastmath}"
+
+
+def plan(node: Node, fastmath: bool = False) -> KernelABI:
+    lay = layout(node)
+    kinds = list(node.attrs["outputs"])
+    n_maps = kinds.count("map")
+    instances = []
+    unit_offset = block_offset = 0
+    for i, space in enumerate(node.attrs["spaces"]):
+        space = tuple(space)
+        shapes = [node.inputs[lay.operand_index(i, j)].shape for j in range(lay.body_inputs)]
+        shapes += [space] * n_maps
+        if lay.instances > 1:  # hfuse: every operand streams or is a scalar; one flat loop
+            size = int(np.prod(space, dtype=np.int64))
+            dims = (size,)
+            strides = [(1,) if s == space else (0,) for s in shapes]
+        else:
+            dims, strides = collapse(space, shapes)
+        inner = int(np.prod(dims[1:], dtype=np.int64)) if dims else 1
+        inst = Instance(dims, tuple(strides), unit_offset, max(1, BLOCK_ELEMENTS // max(inner, 1)),
+                        block_offset)
+        instances.append(inst)
+        unit_offset += inst.units
+        block_offset += inst.blocks
+    # The function's name says what it computes: the same name is the same code.
+    digest = hashlib.sha256((canonical_text(node) + flags(fastmath)).encode()).hexdigest()[:16]
+    return KernelABI(f"kernel_{digest}", tuple(instances), len(node.inputs), n_maps,
+                     tuple(k for k in kinds if k != "map"), lay.has_token)
+
+
+def canonical_text(node: Node) -> str:
+    """The kernel as text with no outer names: what its code depends on, for the cache key."""
+    lay = layout(node)
+    operands = [f"{v.type}" for v in node.inputs]
+    return (f"kernel {node.attrs} operands={operands} instances={lay.instances}\n"
+            f"{format_graph(node.body)}")
+
+
+class _Builder:
+    """Emits the function for one kernel."""
+
+    def __init__(self, node: Node, abi: KernelABI, fastmath: bool):
+        self.node, self.abi = node, abi
+        self.lay = layout(node)
+        self.module = ir.Module(name=abi.name)
+        fnty = ir.FunctionType(ir.VoidType(), [I64, I64, PTR, PTR])
+        self.fn = ir.Function(self.module, fnty, abi.name)
+        self.fn.attributes.add("nounwind")
+        self.lo, self.hi, self.args, self.partials = self.fn.args
+        self.entry = self.fn.append_basic_block("entry")
+        self.b = ir.IRBuilder(self.entry)
+        self.e = Emitter(self.b, self.module, fastmath)
+        self.stored = {j for j, _ in stores(node.body)}
+
+    def i64(self, v: int) -> ir.Constant:
+        return ir.Constant(I64, v)
+
+    def table(self, name: str, values: list[int]) -> ir.GlobalVariable:
+        t = ir.ArrayType(I64, len(values))
+        # Named after the kernel: every kernel's object code is linked into one JIT engine,
+        # which resolves even internal symbols by name.
+        g = ir.GlobalVariable(self.module, t, f"{self.abi.name}.{name}")
+        g.initializer = ir.Constant(t, values)
+        g.global_constant = True
+        g.linkage = "internal"
+        return g
+
+    def at(self, table: ir.GlobalVariable, i: ir.Value) -> ir.Value:
+        ptr = self.b.gep(table, [self.i64(0), i], inbounds=True)
+        return self.b.load(ptr, typ=I64)
+
+    def arg_ptr(self, index: ir.Value) -> ir.Value:
+        return self.b.load(self.b.gep(self.args, [index], inbounds=True, source_etype=PTR),
+                           typ=PTR)
+
+    def loop(self, start: ir.Value, end: ir.Value, body, name: str) -> None:
+        """for (i = start; i < end; i++) body(i)"""
+        b = self.b
+        pre = b.block
+        head = self.fn.append_basic_block(f"{name}.head")
+        inner = self.fn.append_basic_block(f"{name}.body")
+        done = self.fn.append_basic_block(f"{name}.done")
+        b.branch(head)
+        b.position_at_end(head)
+        i = b.phi(I64, name)
+        i.add_incoming(start, pre)
+        b.cbranch(b.icmp_signed("<", i, end), inner, done)
+        b.position_at_end(inner)
+        body(i)
+        i.add_incoming(b.add(i, self.i64(1)), b.block)
+        b.branch(head)
+        b.position_at_end(done)
+
+    # -- the function ---------------------------------------------------------------------------
+    def build(self) -> ir.Module:
+        abi, b = self.abi, self.b
+        if not abi.instances:
+            b.ret_void()
+            return self.module
+        self.accs = [b.alloca(self._acc_type(r), name=f"acc{r}")
+                     for r in range(len(abi.reductions))]
+        # Multi-instance kernels are all flat loops: one code path over a table of instances.
+        # A one-instance kernel may be a nest (broadcasting); its sizes are constants.
+        offsets = self.table("unit_offset", [i.unit_offset for i in abi.instances])
+        units = self.table("units", [i.units for i in abi.instances])
+        blocks = self.table("block_offset", [i.block_offset for i in abi.instances])
+        first = abi.instances[0]
+        self.loop(self.i64(0), self.i64(len(abi.instances)),
+                  lambda i: self.instance(i, self.at(offsets, i), self.at(units, i),
+                                          self.at(blocks, i), first), "inst")
+        b.ret_void()
+        return self.module
+
+    def _acc_type(self, r: int) -> ir.Type:
+        out = self.node.body.outputs[self._reduced_outputs()[r]]
+        return compute_type(out.dtype)
+
+    def _reduced_outputs(self) -> list[int]:
+        return [k for k, kind in enumerate(self.node.attrs["outputs"]) if kind != "map"]
+
+    def instance(self, i, offset, units, block_offset, shape: Instance) -> None:
+        b = self.b
+        start = self.smax(b.sub(self.lo, offset), self.i64(0))
+        end = self.smin(b.sub(self.hi, offset), units)
+        body = self.fn.append_basic_block("instance")
+        after = self.fn.append_basic_block("instance.next")
+        b.cbranch(b.icmp_signed("<", start, end), body, after)
+        b.position_at_end(body)
+        self.pointers(i)
+        if self.abi.reductions:
+            bu = self.i64(shape.block_units)
+            first_block = b.sdiv(start, bu)  # the runtime splits at block edges only
+            nblocks = b.sdiv(b.add(b.sub(end, start), self.i64(shape.block_units - 1)), bu)
+
+            def block(k):
+                u0 = b.add(start, b.mul(k, bu))
+                u1 = self.smin(b.add(u0, bu), end)
+                for r, kind in enumerate(self.abi.reductions):
+                    b.store(self.reduction_init(kind, self.accs[r].allocated_type), self.accs[r])
+                self.loop(u0, u1, lambda u: self.unit(u, shape), "unit")
+                index = b.add(block_offset, b.add(first_block, k))
+                for r in range(len(self.abi.reductions)):
+                    slot = b.add(b.mul(index, self.i64(len(self.abi.reductions))), self.i64(r))
+                    acc = b.load(self.accs[r], typ=self.accs[r].allocated_type)
+                    b.store(self.to_partial(acc),
+                            b.gep(self.partials, [slot], inbounds=True, source_etype=F64))
+
+            self.loop(self.i64(0), nblocks, block, "block")
+        else:
+            self.loop(start, end, lambda u: self.unit(u, shape), "unit")
+        b.branch(after)
+        b.position_at_end(after)
+
+    def smax(self, x, y):
+        return self.b.select(self.b.icmp_signed(">", x, y), x, y)
+
+    def smin(self, x, y):
+        return self.b.select(self.b.icmp_signed("<", x, y), x, y)
+
+    def pointers(self, i) -> None:
+        """The base pointer of every body input and mapped output of instance i, and the value
+        of each scalar operand (loaded once: it is the same for every element)."""
+        lay, abi, b = self.lay, self.abi, self.b
+        per = len(lay.per_instance)
+        self.ptrs: list[ir.Value] = []
+        for j in range(lay.body_inputs):
+            if j in lay.shared:
+                index = self.i64(lay.instances * per + lay.shared.index(j))
+            else:
+                index = b.add(b.mul(i, self.i64(per)), self.i64(lay.per_instance.index(j)))
+            self.ptrs.append(self.arg_ptr(index))
+        base = lay.instances * per + len(lay.shared)
+        for m in range(abi.n_maps):
+            index = b.add(self.i64(base + m), b.mul(i, self.i64(abi.n_maps)))
+            self.ptrs.append(self.arg_ptr(index))
+        self.scalars: dict[int, ir.Value] = {}
+        strides = self.abi.instances[0].strides
+        for j, x in enumerate(self.node.body.inputs):
+            if not any(strides[j]) and j not in self.stored:
+                self.scalars[j] = self.e.load(self.ptrs[j], self.i64(0), x.dtype)
+
+    def unit(self, u, shape: Instance) -> None:
+        """One step of the outer loop: the inner dimensions are loops of their own."""
+        dims = shape.dims
+        if len(dims) <= 1:
+            self.element([u] if dims else [])
+            return
+
+        def nest(k, idx):
+            if k == len(dims):
+                self.element(idx)
+                return
+            self.loop(self.i64(0), self.i64(dims[k]), lambda j: nest(k + 1, idx + [j]), f"d{k}")
+
+        nest(1, [u])
+
+    def offset(self, strides: tuple[int, ...], idx: list[ir.Value]) -> ir.Value:
+        off = self.i64(0)
+        for s, i in zip(strides, idx):
+            if s:
+                off = self.b.add(off, self.b.mul(i, self.i64(s)))
+        return off
+
+    def element(self, idx: list[ir.Value]) -> None:
+        body, e = self.node.body, self.e
+        strides = self.abi.instances[0].strides
+        env: dict[Value, ir.Value] = {}
+        for j, x in enumerate(body.inputs):
+            env[x] = self.scalars[j] if j in self.scalars else \
+                e.load(self.ptrs[j], self.offset(strides[j], idx), x.dtype)
+        writes = []
+        for n in body.nodes:
+            if n.op == "constant":
+                env[n.out] = e.const(n.attrs["value"], n.out.dtype)
+            elif n.op == "store":
+                writes.append((body.inputs.index(n.inputs[0]), env[n.inputs[1]]))
+            else:
+                env[n.out] = self.lower(n, env)
+        for j, v in writes:
+            e.store(v, self.ptrs[j], self.offset(strides[j], idx), body.inputs[j].dtype)
+        maps = [k for k, kind in enumerate(self.node.attrs["outputs"]) if kind == "map"]
+        for m, k in enumerate(maps):
+            out = body.outputs[k]
+            slot = len(body.inputs) + m
+            e.store(env[out], self.ptrs[slot], self.offset(strides[slot], idx), out.dtype)
+        for r, k in enumerate(self._reduced_outputs()):
+            acc = self.b.load(self.accs[r], typ=self.accs[r].allocated_type)
+            self.b.store(self.combine(self.abi.reductions[r], acc, env[body.outputs[k]]),
+                         self.accs[r])
+
+    def lower(self, n: Node, env: dict[Value, ir.Value]) -> ir.Value:
+        op = n.opdef
+        if op.lower is None:
+            raise LoweringError(f"op {n.op} has no LLVM lowering")
+        self.e.in_dtypes = [v.dtype for v in n.inputs]
+        v = op.lower(self.e, *[env[v] for v in n.inputs], **n.attrs)
+        return self.e.round_to(v, n.out.dtype) if n.out.dtype.name in ("f16", "bf16") else v
+
+    # -- reductions -----------------------------------------------------------------------------
+    def reduction_init(self, kind: str, t: ir.Type) -> ir.Constant:
+        if kind == "max":
+            return ir.Constant(t, -math.inf) if not isinstance(t, ir.IntType) else \
+                ir.Constant(t, -(1 << (t.width - 1)))
+        return ir.Constant(t, 0.0 if not isinstance(t, ir.IntType) else 0)
+
+    def combine(self, kind: str, acc: ir.Value, x: ir.Value) -> ir.Value:
+        if kind == "max":
+            return self.e.maximum(acc, x)
+        if isinstance(acc.type, ir.IntType):
+            return self.b.add(acc, x)
+        add = self.b.fadd(acc, x)
+        add.flags.append("reassoc")  # lets the vectorizer keep one partial sum per lane
+        return add
+
+    def to_partial(self, acc: ir.Value) -> ir.Value:
+        """Partials are 8-byte slots: f64 for floats; an integer's i64 bits, exactly."""
+        if isinstance(acc.type, ir.IntType):
+            wide = acc if acc.type.width == 64 else self.b.sext(acc, I64)
+            return self.b.bitcast(wide, F64)
+        return acc if acc.type == F64 else self.b.fpext(acc, F64)
+
+
+def generate(node: Node, fastmath: bool = False) -> tuple[ir.Module, KernelABI]:
+    """The LLVM module for a kernel node, and how to call it."""
+    abi = plan(node, fastmath)
+    for out in node.body.outputs:
+        if not isinstance(out.type, TensorType):
+            raise LoweringError("a kernel output must be a tensor")
+    return _Builder(node, abi, fastmath).build(), abi
+
+
+__all__ = ["generate", "plan", "KernelABI", "Instance", "canonical_text", "BLOCK_ELEMENTS",
+           "REDUCTIONS"]

@@ -1,0 +1,270 @@
+"""The LLVM runtime: runs a graph with compiled kernels, updating parameters in place.
+
+Each kernel node was compiled to native code at build time (or loaded from the disk cache);
+every other node (matmul, shape ops, a kernel whose op has no lowering) runs through numpy as
+in the interpreter. A kernel's stores write the parameter buffers directly: no new tensor, no
+copy (the point of in-place updates). So that this stays invisible to the step:
+  - a numpy result that views a parameter stored in place later (a reshape, a depend) is
+    copied when made, so it keeps the value it was made from;
+  - if anything that could fail runs after a kernel has stored, the stored parameters are
+    backed up first and put back on failure: a step that fails changes nothing.
+Large kernels split their units over the machine's cores; ctypes calls drop the GIL.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from ...errors import ExecutionError, GraphoptError
+from ...ir import kernel as kernel_ir
+from ...ir.graph import Graph, Node, Value
+from ...ir.registry import evaluate
+from .codegen import KernelABI, canonical_text, flags, generate
+from .emitter import LoweringError
+from . import engine
+
+PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, a second thread costs more than it saves
+_pool: ThreadPoolExecutor | None = None
+
+
+def threads() -> int:
+    return max(1, min(os.cpu_count() or 1, int(os.environ.get("GRAPHOPT_THREADS", "0")) or 64))
+
+
+def _workers() -> ThreadPoolExecutor:
+    global _pool
+    if _pool is None:
+        _pool = ThreadPoolExecutor(max(1, threads() - 1), thread_name_prefix="graphopt")
+    return _pool
+
+
+def _root(a: np.ndarray) -> np.ndarray:
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
+
+
+@dataclass
+class NativeKernel:
+    """A kernel node compiled to a function, with what introspection shows of it."""
+
+    node: Node
+    abi: KernelABI
+    key: str
+    key_parts: dict[str, str]
+    compile_seconds: float
+    cache_hit: bool
+    ir_text: str
+    optimized_ir: str
+    module: object = field(repr=False)
+    fn: object = field(repr=False)  # the native function
+    calls: int = 0
+
+    @property
+    def name(self) -> str:
+        return self.abi.name
+
+    def asm(self) -> str:
+        return engine.assembly(self.module)
+
+    def splits(self) -> list[tuple[int, int]]:
+        """Unit ranges, one per thread; reductions split only at block edges."""
+        total = self.abi.total_units
+        elements = sum(int(np.prod(s, dtype=np.int64)) for s in self.node.attrs["spaces"])
+        n = min(threads(), max(1, elements // PARALLEL_MIN_ELEMENTS))
+        if n == 1:
+            return [(0, total)]
+        cuts = [0]
+        for t in range(1, n):
+            u = total * t // n
+            if self.abi.reductions:
+                u = self._block_edge(u)
+            cuts.append(max(cuts[-1], u))
+        cuts.append(total)
+        return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
+
+    def _block_edge(self, u: int) -> int:
+        for inst in self.abi.instances:
+            if inst.unit_offset <= u < inst.unit_offset + inst.units:
+                local = u - inst.unit_offset
+                return inst.unit_offset + min(inst.units, round(local / inst.block_units)
+                                              * inst.block_units)
+        return u
+
+    def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
+        node, abi = self.node, self.abi
+        lay = kernel_ir.layout(node)
+        kinds = list(node.attrs["outputs"])
+        maps: list[np.ndarray] = []
+        outs_by_instance: list[list[np.ndarray | None]] = []
+        for space in node.attrs["spaces"]:
+            row: list[np.ndarray | None] = []
+            for kind, r in zip(kinds, node.body.outputs):
+                if kind == "map":
+                    a = np.empty(tuple(space), r.dtype.np_dtype)
+                    maps.append(a)
+                    row.append(a)
+                else:
+                    row.append(None)
+            outs_by_instance.append(row)
+        pointers = [a.ctypes.data for a in arrays] + [a.ctypes.data for a in maps]
+        args = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+        n_red = len(abi.reductions)
+        partials = np.empty(max(1, abi.total_blocks * n_red), np.float64)
+        ranges = self.splits()
+        ptr = partials.ctypes.data
+        if len(ranges) == 1:
+            self.fn(ranges[0][0], ranges[0][1], args, ptr)
+        else:  # the other threads first, then this one; ctypes releases the GIL
+            futures = [_workers().submit(self.fn, lo, hi, args, ptr)
+                       for lo, hi in ranges[1:]]
+            self.fn(ranges[0][0], ranges[0][1], args, ptr)
+            for f in futures:
+                f.result()
+        self.calls += 1
+        if n_red:
+            self._finish_reductions(partials, outs_by_instance)
+        results = [a for row in outs_by_instance for a in row]
+        return results + ([None] if lay.has_token else [])  # type: ignore[list-item]
+
+    def _finish_reductions(self, partials: np.ndarray, rows: list[list]) -> None:
+        """Combine the blocks' partial results in order: the same sums on every run."""
+        n_red = len(self.abi.reductions)
+        table = partials[: self.abi.total_blocks * n_red].reshape(-1, n_red)
+        reduced = [k for k, kind in enumerate(self.node.attrs["outputs"]) if kind != "map"]
+        for r, (kind, k) in enumerate(zip(self.abi.reductions, reduced)):
+            dtype = self.node.body.outputs[k].dtype
+            column = table[:, r].view(np.int64) if not dtype.is_float else table[:, r]
+            for inst, row, space in zip(self.abi.instances, rows, self.node.attrs["spaces"]):
+                part = column[inst.block_offset: inst.block_offset + inst.blocks]
+                if kind == "max":
+                    value = part.max() if part.size else -np.inf
+                else:
+                    value = part.sum()
+                    if kind == "mean":
+                        value = value / max(1, int(np.prod(space, dtype=np.int64)))
+                with np.errstate(all="ignore"):
+                    row[k] = np.asarray(value).astype(dtype.np_dtype)
+
+
+@dataclass
+class Fallback:
+    """A kernel the backend could not compile (an op with no lowering): numpy runs it."""
+
+    node: Node
+    reason: str
+
+
+def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
+    from . import cache
+    module, abi = generate(node, fastmath)
+    parts = {"kernel": canonical_text(node), "flags": flags(fastmath),
+             **engine.target_parts()}
+    key = cache.make_key(parts)
+    start = time.perf_counter()
+    obj = cache.load(key, parts) if use_cache and cache.enabled() else None
+    hit = obj is not None
+    optimized = ""
+    if obj is None:
+        compiled = engine.compile_module(module)
+        obj, optimized = compiled.object_code, compiled.optimized_ir
+        if use_cache and cache.enabled():
+            cache.store(key, parts, obj)
+    fn = engine.load(obj, abi.name)
+    return NativeKernel(node, abi, key, parts, time.perf_counter() - start, hit, str(module),
+                        optimized, module, fn)
+
+
+class LLVMProgram:
+    """A graph ready to run: native kernels, numpy for the rest."""
+
+    def __init__(self, graph: Graph, *, fastmath: bool = False, cache: bool = True):
+        self.graph = graph
+        self.kernels: list[NativeKernel] = []
+        self.fallbacks: list[Fallback] = []
+        self.native: dict[int, NativeKernel] = {}
+        for node in graph.nodes:
+            if node.body is None:
+                continue
+            try:
+                k = compile_kernel(node, fastmath, cache)
+            except LoweringError as e:
+                self.fallbacks.append(Fallback(node, e.message))
+                continue
+            self.kernels.append(k)
+            self.native[id(node)] = k
+        self.stored = {v for k in self.kernels for v in kernel_ir.written(k.node)}
+        # A failure after an in-place store must be undone: back up what is stored before a
+        # node that could fail (numpy, a kernel that runs through numpy) comes.
+        first_store = next((i for i, n in enumerate(graph.nodes)
+                            if id(n) in self.native and kernel_ir.written(n)), None)
+        self.needs_backup = first_store is not None and any(
+            n.op not in ("assign", "depend", "constant") and id(n) not in self.native
+            for n in graph.nodes[first_store:])
+
+    def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
+                                                            dict[str, np.ndarray]]:
+        env: dict[Value, object] = dict(inputs)
+        updates: dict[str, np.ndarray] = {}
+        stored_roots = {id(_root(inputs[v])) for v in self.stored if v in inputs}
+        # An output that is a stored parameter itself keeps its value from before the step.
+        early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
+        backups = {v: inputs[v].copy() for v in self.stored} if self.needs_backup else {}
+        try:
+            with np.errstate(all="ignore"):
+                for node in self.graph.nodes:
+                    self._run_node(node, env, updates, stored_roots)
+        except BaseException:
+            for v, saved in backups.items():
+                np.copyto(inputs[v], saved)
+            raise
+        outputs = [early.get(v, env[v]) for v in self.graph.outputs]
+        return outputs, updates  # type: ignore[return-value]
+
+    def _run_node(self, node: Node, env: dict, updates: dict, stored_roots: set[int]) -> None:
+        if node.op == "assign":
+            updates[node.inputs[0].name] = env[node.inputs[1]]
+            env[node.out] = None
+            return
+        args = [env[v] for v in node.inputs]
+        native = self.native.get(id(node))
+        if native is not None:
+            arrays = [self._contiguous(a, v) for a, v in zip(args, node.inputs)]
+            env.update(zip(node.outputs, native.run(arrays)))
+            return
+        try:
+            if node.body is not None:
+                results, writes = kernel_ir.run(node, args)
+                updates.update((t.name, a) for t, a in writes)
+                results += [None] * (len(node.outputs) - len(results))
+            else:
+                results = evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
+        except GraphoptError:
+            raise
+        except Exception as e:
+            raise ExecutionError(f"{node.op} failed while the step ran: {e}; no parameter was "
+                                 f"changed", loc=node.loc) from None
+        for v, r in zip(node.outputs, results):
+            # A view of a parameter that a kernel will overwrite in place keeps today's value.
+            if isinstance(r, np.ndarray) and id(_root(r)) in stored_roots:
+                r = r.copy()
+            env[v] = r
+
+    @staticmethod
+    def _contiguous(a: np.ndarray, v: Value) -> np.ndarray:
+        """Native code reads C-contiguous buffers of exactly the compiled type, aligned."""
+        a = np.asarray(a)
+        if not a.flags.c_contiguous or a.dtype != v.dtype.np_dtype or \
+                a.ctypes.data % a.dtype.alignment:
+            a = np.ascontiguousarray(a, dtype=v.dtype.np_dtype)
+        assert a.shape == v.shape, (a.shape, v.shape)
+        return a
+
+
+def compile(graph: Graph, *, fastmath: bool = False, cache: bool = True) -> LLVMProgram:
+    return LLVMProgram(graph, fastmath=fastmath, cache=cache)

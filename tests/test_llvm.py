@@ -1,0 +1,288 @@
+"""The LLVM backend against the numpy interpreter (the reference), and its runtime's rules."""
+import os
+import re
+import subprocess
+import sys
+import textwrap
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
+
+import graphopt as go
+from graphopt import ops
+from graphopt.errors import ExecutionError, SignatureError
+
+TOL = {np.float64: (1e-12, 1e-12), np.float32: (2e-5, 1e-6), np.float16: (4e-3, 1e-3)}
+
+
+def twin_params(arrays):
+    """Two independent sets of Parameters with the same names and values."""
+    make = lambda: [go.Parameter(a, name=f"p{i}") for i, a in enumerate(arrays)]  # noqa: E731
+    return make(), make()
+
+
+def run_both(build, arrays, calls, **jit_options):
+    """Run a step built over Parameters on both backends; return both runs' results."""
+    results = []
+    for backend, params in zip(("interpreter", "llvm"), twin_params(arrays)):
+        fn = go.jit(build(params), backend=backend, cache=False, **jit_options)
+        outs = [fn(*args) for args in calls]
+        results.append((outs, [p.numpy() for p in params], fn))
+    return results
+
+
+def assert_close(a, b, dtype=np.float32):
+    rtol, atol = TOL.get(dtype, (0, 0))
+    a, b = np.asarray(a), np.asarray(b)
+    assert a.dtype == b.dtype and a.shape == b.shape
+    if a.dtype.kind in "fc" or a.dtype.name == "bfloat16":
+        np.testing.assert_allclose(a.astype(np.float64), b.astype(np.float64), rtol=rtol,
+                                   atol=atol, equal_nan=True)
+    else:
+        np.testing.assert_array_equal(a, b)
+
+
+# -- optimizer kernels --------------------------------------------------------------------------
+def adam(params, lr=1e-3, b1=0.9, b2=0.999, eps=1e-8, wd=0.0):
+    n = len(params) // 3
+    ws, ms, vs = params[:n], params[n:2 * n], params[2 * n:3 * n]
+    t = go.Parameter(np.zeros((), ws[0].dtype.np_dtype), name="t")
+
+    def step(grads):
+        go.assign(t, t + 1)
+        bc1, bc2 = 1 - b1 ** t, 1 - b2 ** t
+        for w, m, v, g in zip(ws, ms, vs, grads):
+            if wd:
+                go.assign(w, w * (1 - lr * wd))  # AdamW: decoupled decay, read again below
+            go.assign(m, b1 * m + (1 - b1) * g)
+            go.assign(v, b2 * v + (1 - b2) * g * g)
+            go.assign(w, w - lr * (m / bc1) / (ops.sqrt(v / bc2) + eps))
+        return ops.sqrt(sum((g * g).sum() for g in grads))
+    return step
+
+
+def sgd_momentum(params, lr=0.1, momentum=0.9, nesterov=True):
+    n = len(params) // 2
+    ws, bufs = params[:n], params[n:]
+
+    def step(grads):
+        for w, buf, g in zip(ws, bufs, grads):
+            go.assign(buf, momentum * buf + g)
+            go.assign(w, w - lr * ((g + momentum * buf) if nesterov else buf))
+    return step
+
+
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+@pytest.mark.parametrize("rule", ["adam", "adamw", "sgd"])
+def test_optimizer_kernels_match_the_interpreter(rule, dtype):
+    rng = np.random.default_rng(1)
+    shapes = [(64, 33), (33,), (7, 5, 3), (), (1000,)]
+    weights = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    state = [np.zeros(s, dtype) for s in shapes] * (2 if rule != "sgd" else 1)
+    build = {"adam": adam, "adamw": lambda p: adam(p, wd=0.01), "sgd": sgd_momentum}[rule]
+    calls = [([rng.standard_normal(s).astype(dtype) for s in shapes],) for _ in range(10)]
+    (o1, p1, _), (o2, p2, fn) = run_both(build, weights + state, calls)
+    for a, b in zip(p1, p2):
+        assert_close(a, b, dtype)
+    for a, b in zip(o1, o2):
+        assert_close(a, b, dtype)
+    kernels = fn.lower(*calls[0]).kernels
+    assert kernels and all(k.calls == 10 for k in kernels)
+
+
+# -- random elementwise programs -------------------------------------------------------------
+SPACE = (5, 7)
+SHAPES = [(), (7,), (5, 1), SPACE]
+SAFE_UNARY = [ops.negative, ops.abs, lambda x: ops.sqrt(ops.abs(x)), lambda x: ops.exp(-ops.abs(x)),
+              lambda x: x * x, ops.sign, lambda x: x.astype(go.f64).astype(x.dtype)]
+SAFE_BINARY = [ops.add, ops.subtract, ops.multiply, lambda x, y: x / (ops.abs(y) + 1),
+               ops.maximum, ops.minimum]
+programs = st.lists(st.tuples(st.sampled_from(["unary", "binary", "where", "sum", "max", "mean",
+                                               "assign", "const"]),
+                              st.integers(0, 99), st.integers(0, 99),
+                              st.sampled_from([0.5, -2.0, 3.0, 0.0])),
+                    min_size=1, max_size=12)
+
+
+def random_step(prog):
+    def build(params):
+        def step(a, b, c, d):
+            pool = [a, b, c, d] + list(params)
+            outs = []
+            for kind, i, j, k in prog:
+                x, y = pool[i % len(pool)], pool[j % len(pool)]
+                if kind == "unary":
+                    pool.append(SAFE_UNARY[j % len(SAFE_UNARY)](x))
+                elif kind == "binary":
+                    pool.append(SAFE_BINARY[j % len(SAFE_BINARY)](x, y))
+                elif kind == "where":
+                    pool.append(ops.where(x > y, x, y * k))
+                elif kind == "const":
+                    pool.append(x * k + k)
+                elif kind in ("sum", "max", "mean"):
+                    outs.append(getattr(x, kind)())
+                elif kind == "assign":
+                    same = [p for p in params if p.shape == tuple(x.shape)]
+                    go.assign(same[j % len(same)], x)
+            return outs + [pool[-1]]
+        return step
+    return build
+
+
+@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(prog=programs, seed=st.integers(0, 2**16), dtype=st.sampled_from([np.float32, np.float64]))
+def test_random_programs_match_the_interpreter(prog, seed, dtype):
+    rng = np.random.default_rng(seed)
+    params = [rng.standard_normal(s).astype(dtype) for s in SHAPES]
+    calls = [tuple(rng.standard_normal(s).astype(dtype) for s in SHAPES) for _ in range(2)]
+    (o1, p1, _), (o2, p2, _) = run_both(random_step(prog), params, calls)
+    for r1, r2 in zip(o1, o2):
+        for a, b in zip(r1, r2):
+            assert_close(a, b, dtype)
+    for a, b in zip(p1, p2):
+        assert_close(a, b, dtype)
+
+
+@pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64", "i32", "i64"])
+def test_every_dtype_compiles_and_matches(dtype):
+    d = go.ir.to_dtype(dtype)
+    rng = np.random.default_rng(2)
+    x = (rng.standard_normal((4, 6)) * 8).astype(d.np_dtype)
+    y = (rng.standard_normal((6,)) * 8 + 20).astype(d.np_dtype)
+
+    def build(params):
+        def step(x, y):
+            z = ops.maximum(x, y) - x * 2 + ops.abs(y)
+            flags = (z > 3) & ops.isfinite(z) | (x == y)
+            go.assign(params[0], z)
+            return z, ops.where(flags, z, x), z.sum(), z.max(), flags
+        return step
+
+    (o1, p1, _), (o2, p2, fn) = run_both(build, [np.zeros((4, 6), d.np_dtype)], [(x, y)])
+    tol = {"f16": np.float16, "f32": np.float32, "f64": np.float64}.get(dtype)
+    for a, b in zip(o1[0], o2[0]):
+        if dtype == "bf16":
+            np.testing.assert_allclose(np.asarray(a, np.float64), np.asarray(b, np.float64),
+                                       rtol=2e-2, atol=0.5)
+        else:
+            assert_close(a, b, tol)
+    assert fn.lower(x, y).kernels  # it really was compiled
+
+
+def test_broadcast_operands_take_strided_loops():
+    rng = np.random.default_rng(3)
+    x, row, col = (rng.standard_normal(s) for s in [(6, 5, 4), (4,), (5, 1)])
+
+    def build(params):
+        return lambda x, row, col: (x * row + col - 1.5, (x + row).sum())
+
+    (o1, _, _), (o2, _, fn) = run_both(build, [np.zeros(1)], [(x, row, col)])
+    for a, b in zip(o1[0], o2[0]):
+        assert_close(a, b, np.float64)
+    (k, *_) = fn.lower(x, row, col).kernels
+    assert len(k.abi.instances[0].dims) >= 2  # a real nest: the operands broadcast
+
+
+def test_reductions_are_deterministic_across_threads(monkeypatch):
+    x = np.random.default_rng(4).standard_normal(3_000_000).astype(np.float32)
+    step = lambda x: ((x * x).sum(), x.max(), (x * 0.5).mean())  # noqa: E731
+    results = []
+    for n in ("1", "2", "2"):
+        monkeypatch.setenv("GRAPHOPT_THREADS", n)
+        results.append([np.asarray(r) for r in go.jit(step, backend="llvm", cache=False)(x)])
+    for other in results[1:]:
+        for a, b in zip(results[0], other):
+            assert a.tobytes() == b.tobytes()  # the same bits, on any number of threads
+    ref = [np.sum(x.astype(np.float64) ** 2), x.max(), np.mean(x.astype(np.float64) * 0.5)]
+    np.testing.assert_allclose([float(r) for r in results[0]], ref, rtol=1e-5)
+
+
+# -- the runtime's rules --------------------------------------------------------------------
+def sgd_step(w):
+    def step(g):
+        go.assign(w, w - 0.1 * g)
+    return step
+
+
+@pytest.mark.parametrize("bad", ["shape", "dtype", "noncontiguous", "misaligned"])
+def test_bad_arrays_never_reach_native_code(bad):
+    w = go.Parameter(np.ones((8, 4), np.float32), name="w")
+    exe = go.jit(sgd_step(w), backend="llvm", cache=False).lower(np.ones((8, 4), np.float32))
+    before = w.numpy()
+    if bad == "shape":
+        g = np.ones((4, 8), np.float32)
+    elif bad == "dtype":
+        g = np.ones((8, 4), np.float64)
+    elif bad == "noncontiguous":
+        g = np.ones((4, 8), np.float32).T
+    else:
+        raw = np.zeros(8 * 4 * 4 + 1, np.uint8)
+        g = raw[1:].view(np.float32).reshape(8, 4)
+    with pytest.raises(SignatureError, match="argument 'g'"):
+        exe(g)
+    assert w.numpy().tobytes() == before.tobytes()
+
+
+def test_a_failure_after_an_in_place_store_changes_nothing():
+    w = go.Parameter(np.ones(4, np.float32), name="w")
+    k = go.Parameter(np.array([2, 3], np.int64), name="k")
+
+    def step(g, e):
+        go.assign(w, w - 0.5 * g)  # a kernel updates @w in place ...
+        return k ** e  # ... then numpy fails: an integer to a negative power
+
+    fn = go.jit(step, backend="llvm", cache=False)
+    exe = fn.lower(np.ones(4, np.float32), np.array([1, 1]))
+    assert exe.program.needs_backup
+    with pytest.raises(ExecutionError):
+        fn(np.ones(4, np.float32), np.array([-1, 2]))
+    np.testing.assert_array_equal(w.numpy(), np.ones(4, np.float32))
+
+
+def test_a_view_of_a_parameter_keeps_the_value_it_was_made_from():
+    w = go.Parameter(np.arange(6, dtype=np.float64).reshape(2, 3), name="w")
+
+    def step(g):
+        old = w.T  # a view of @w's buffer, read before the update
+        go.assign(w, w + g)
+        return old, w  # w read after its assign is the new value
+
+    fn = go.jit(step, backend="llvm", cache=False)
+    old, new = fn(np.ones((2, 3)))
+    np.testing.assert_array_equal(old, np.arange(6.0).reshape(2, 3).T)
+    np.testing.assert_array_equal(new, np.arange(6.0).reshape(2, 3) + 1)
+    np.testing.assert_array_equal(w.numpy(), np.arange(6.0).reshape(2, 3) + 1)
+
+
+def test_introspection_shows_llvm_ir_asm_and_keys():
+    w = go.Parameter(np.ones(1024, np.float32), name="w")
+    exe = go.jit(sgd_step(w), backend="llvm", cache=False).lower(np.ones(1024, np.float32))
+    (k,) = exe.kernels
+    assert re.search(r'define void @"?kernel_', exe.llvm_ir(optimized=False))
+    optimized = exe.llvm_ir()
+    assert "<8 x float>" in optimized or "<16 x float>" in optimized  # vectorized
+    assert "ret void" in exe.asm() or "ret" in exe.asm()
+    assert len(k.key) == 64 and {"kernel", "cpu", "features", "llvm", "flags"} <= set(k.key_parts)
+    assert k.compile_seconds > 0 and not k.cache_hit
+
+
+def test_a_second_process_loads_kernels_from_the_disk_cache(tmp_path):
+    script = textwrap.dedent("""
+        import numpy as np, graphopt as go
+        w = go.Parameter(np.ones(100, np.float32), name="w")
+        def step(g):
+            go.assign(w, w - 0.1 * g)
+            return (g * g).sum()
+        fn = go.jit(step, backend="llvm")
+        print(fn(np.ones(100, np.float32)), [k.cache_hit for k in fn.lower(np.ones(100, np.float32)).kernels])
+    """)
+    env = dict(os.environ, GRAPHOPT_CACHE_DIR=str(tmp_path / "cache"))
+    env.pop("GRAPHOPT_CACHE", None)
+    runs = [subprocess.run([sys.executable, "-c", script], env=env, capture_output=True,
+                           text=True, timeout=120) for _ in range(2)]
+    for r in runs:
+        assert r.returncode == 0, r.stderr
+    assert runs[0].stdout.split()[0] == runs[1].stdout.split()[0] == "100.0"
+    assert "False" in runs[0].stdout and "False" not in runs[1].stdout  # compiled, then loaded
