@@ -40,6 +40,7 @@ import numpy as np
 
 from ..errors import ParseError
 from .graph import Graph, Location, Node, Value
+from .opdefs import constant_value
 from .registry import REGISTRY
 from .types import DTYPES, TensorType, Type, token
 
@@ -258,7 +259,10 @@ class _Parser:
     def attr_data(self, tok: Token, value: Any, types: list[Type] | None) -> Any:
         """The attribute a parsed value stands for. Lists become tuples (axes, shape, perm are
         tuples of int), except in an op typed by its attributes (`types` given: constant),
-        where a list is array data of the result type."""
+        where a list is array data of the result type and a number is rounded to it, as the
+        tracer stores it (so equal constants have equal attributes)."""
+        if types is not None and isinstance(value, (bool, int, float)):
+            return constant_value(value, types[0].dtype)
         if not isinstance(value, list):
             return value
         if types is None:

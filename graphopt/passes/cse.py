@@ -28,8 +28,8 @@ def attrs_key(attrs: dict[str, Any]) -> tuple:
             return ("array", x.dtype.str, x.shape, x.tobytes())
         if isinstance(x, (list, tuple)):
             return tuple(key(e) for e in x)
-        if isinstance(x, float) and x != x:
-            return ("nan",)  # NaN != NaN, but two NaN constants are the same constant
+        if isinstance(x, float):  # by bits: -0.0 == 0.0 but 1/-0.0 is not 1/0.0; NaN != NaN
+            return ("float", "nan" if x != x else x.hex())
         return (type(x).__name__, x)  # 1 and 1.0 and True stay apart
     return tuple(sorted((k, key(v)) for k, v in attrs.items()))
 

@@ -25,28 +25,22 @@ Nodes that carry after edges (a `depend`), and every non-elementwise node, stay 
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
-
 import numpy as np
 
-from ..ir.analysis import producers, toposort
+from ..ir.analysis import toposort
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel import infer_types
 from ..ir.printer import value_names
 from ..ir.registry import ELEMENTWISE
 from ..ir.types import TensorType
+from .grouping import Group, Grouping
 from .manager import PassContext, register
 
 REDUCE_OPS = ("sum", "max", "mean")
 
 
-@dataclass(eq=False)
-class Group:
-    space: tuple[int, ...]
-    members: list[Node] = field(default_factory=list)
-
-    def reductions(self) -> list[Node]:
-        return [n for n in self.members if n.op in REDUCE_OPS]
+def reductions(g: Group) -> list[Node]:
+    return [n for n in g.members if n.op in REDUCE_OPS]
 
 
 def space_of(n: Node) -> tuple[int, ...] | None:
@@ -64,52 +58,19 @@ def space_of(n: Node) -> tuple[int, ...] | None:
     return None
 
 
-class _Fuser:
+class _Fuser(Grouping):
     def __init__(self, graph: Graph, ctx: PassContext):
+        super().__init__(graph)
         self.graph, self.ctx = graph, ctx
-        self.producer = producers(graph)
-        self.index = {id(n): i for i, n in enumerate(graph.nodes)}
-        self.group: dict[int, Group] = {}  # id(node) -> its group
         self.names = value_names(graph)
 
     def name(self, n: Node) -> str:
         return f"{self.names[n.outputs[0]]} = {n.op}" if n.outputs else n.op
 
-    # -- legality ------------------------------------------------------------------------------
-    def path_leaving(self, src: Group, dst: Group) -> Node | None:
-        """The first outside node on a path dst <- ... <- src that leaves both groups, if any.
-        Groups are walked as units: a kernel runs whole, so reaching any member reaches all."""
-        inside = {id(n) for n in src.members + dst.members}
-        floor = min(self.index[id(n)] for n in src.members)
-        seen: set[int] = set()
-        for start in self._outside_producers(dst, inside):
-            stack = [start]
-            while stack:
-                m = stack.pop()
-                if id(m) in inside:
-                    return start
-                if id(m) in seen or self.index[id(m)] < floor:
-                    continue
-                seen.add(id(m))
-                g = self.group.get(id(m))
-                for member in (g.members if g is not None else [m]):
-                    seen.add(id(member))
-                    stack += [self.producer[v] for v in member.operands() if v in self.producer]
-        return None
-
-    def _outside_producers(self, g: Group, inside: set[int]) -> list[Node]:
-        out = []
-        for n in g.members:
-            for v in n.operands():
-                p = self.producer.get(v)
-                if p is not None and id(p) not in inside:
-                    out.append(p)
-        return out
-
     def why_not(self, a: Group, b: Group) -> str | None:
         """Why groups a and b cannot become one kernel, or None if they can."""
         for x, y in ((a, b), (b, a)):
-            done = {id(v) for r in x.reductions() for v in r.outputs}
+            done = {id(v) for r in reductions(x) for v in r.outputs}
             for n in y.members:
                 for v in n.inputs:
                     if id(v) in done:
@@ -121,19 +82,12 @@ class _Fuser:
                 return (f"cost: a scalar computation stays out of a kernel over {big}: redoing "
                         f"it for each element costs more than passing its one result")
             return f"iteration spaces differ: {list(a.space)} vs {list(b.space)}"
-        for x, y in ((a, b), (b, a)):
-            via = self.path_leaving(x, y)
-            if via is not None:
-                g = self.group.get(id(via))
-                what = "the kernel holding " if g is not None and len(g.members) > 1 else ""
-                return f"would make a cycle: a path between them leaves through {what}{self.name(via)}"
+        via = self.cycle_via(a, b)
+        if via is not None:
+            g = self.group.get(id(via))
+            what = "the kernel holding " if g is not None and len(g.members) > 1 else ""
+            return f"would make a cycle: a path between them leaves through {what}{self.name(via)}"
         return None
-
-    def merge(self, a: Group, b: Group) -> Group:
-        a.members = sorted(a.members + b.members, key=lambda n: self.index[id(n)])
-        for n in a.members:
-            self.group[id(n)] = a
-        return a
 
     # -- grouping ------------------------------------------------------------------------------
     def group_nodes(self) -> None:
@@ -152,8 +106,7 @@ class _Fuser:
                 else:
                     self.merge(source, Group(space, [n]))
                 continue
-            g = Group(space, [n])
-            self.group[id(n)] = g
+            g = self.add(Group(space, [n]))
             for v in n.inputs:
                 pg = self.group.get(id(self.producer.get(v)))
                 if pg is None or pg is g or self.producer[v].op == "constant":

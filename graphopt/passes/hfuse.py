@@ -17,10 +17,11 @@ parameters. Kernels are combined when
 """
 from __future__ import annotations
 
-from ..ir.analysis import producers, toposort
+from ..ir.analysis import toposort
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel import infer_types, layout
 from ..ir.printer import format_graph, value_names
+from .grouping import Group, Grouping
 from .manager import PassContext, register
 
 
@@ -40,31 +41,37 @@ def signature(k: Node) -> tuple | None:
 
 @register("hfuse")
 def hfuse(graph: Graph, ctx: PassContext) -> dict:
-    producer = producers(graph)
-    index = {id(n): i for i, n in enumerate(graph.nodes)}
+    grouping = Grouping(graph)
     names = value_names(graph)
-    buckets: dict[tuple, list[list[Node]]] = {}
+    buckets: dict[tuple, list[Group]] = {}
     for n in graph.nodes:
         if n.body is None:
             continue
         sig = signature(n)
         if sig is None or sig[-1]:  # scalar kernels: nothing to gain from mapping them
             continue
+        alone = grouping.add(Group((), [n]))
         for bundle in buckets.setdefault(sig, []):
-            via = _depends_on(n, bundle, producer, index)
+            # Bundles already formed count as units: two bundles that each look fine may
+            # still need each other (A,D need B's result, B,C need A's).
+            inside = {id(m) for m in bundle.members}
+            direct = next((grouping.producer[v] for v in n.operands() if v in grouping.producer
+                           and id(grouping.producer[v]) in inside), None)
+            via = direct or grouping.cycle_via(bundle, alone)
             if via is None:
-                bundle.append(n)
+                grouping.merge(bundle, alone)
                 break
             ctx.refuse(f"{names[n.outputs[0]]} = kernel",
-                       f"not mapped with the kernel of {names[bundle[0].outputs[0]]}: it depends "
-                       f"on {names[via.outputs[0]]} of that group", None)
+                       f"not mapped with the kernel of {names[bundle.members[0].outputs[0]]}: "
+                       f"they depend on each other through {names[via.outputs[0]]}", None)
         else:
-            buckets[sig].append([n])
+            buckets[sig].append(alone)
     mapping: dict[Value, Value] = {}
     replaced: dict[int, Node] = {}
     made = 0
-    for bundles in buckets.values():
-        for bundle in bundles:
+    for groups in buckets.values():
+        for group in groups:
+            bundle = group.members
             if len(bundle) < 2:
                 continue
             k = _combine(bundle)
@@ -90,24 +97,6 @@ def hfuse(graph: Graph, ctx: PassContext) -> dict:
     toposort(graph)
     return {"multi_tensor_kernels": made,
             "kernels_mapped": sum(1 for _ in replaced)}
-
-
-def _depends_on(n: Node, bundle: list[Node], producer: dict[Value, Node],
-                index: dict[int, int]) -> Node | None:
-    """A member of `bundle` that n depends on, if any (members all come before n)."""
-    members = {id(m): m for m in bundle}
-    floor = min(index[id(m)] for m in bundle)
-    seen: set[int] = set()
-    stack = [producer[v] for v in n.operands() if v in producer]
-    while stack:
-        m = stack.pop()
-        if id(m) in members:
-            return m
-        if id(m) in seen or index[id(m)] < floor:
-            continue
-        seen.add(id(m))
-        stack += [producer[v] for v in m.operands() if v in producer]
-    return None
 
 
 def _combine(bundle: list[Node]) -> Node:

@@ -81,10 +81,8 @@ class _Rewriter:
         fills = [fill_value(v, self.producer) for v in ins]
         exact_int = isinstance(out.type, TensorType) and not out.dtype.is_float
 
-        def same(v: Value) -> bool:
-            # v can stand for out: same type (no broadcast lost), and not a parameter's @name:
-            # `a * 1` may be the copy that lets one parameter's new value be another's old one.
-            return v.type == out.type and v.kind != "param"
+        def same(v: Value) -> bool:  # v can stand for out: same type, no broadcast lost
+            return v.type == out.type
 
         if n.op == "multiply":
             for x, c in ((ins[0], fills[1]), (ins[1], fills[0])):
@@ -147,8 +145,11 @@ def simplify(graph: Graph, ctx: PassContext) -> dict:
             rw.producer.update((v, n) for v in n.outputs)
             continue
         rule, value = hit
-        if any(v.kind == "param" and v not in n.inputs for m in rw.new for v in m.inputs):
-            # A new reader of @p would need its own write-after-read edge; not worth it.
+        if value.kind == "param" or \
+                any(v.kind == "param" and v not in n.inputs for m in rw.new for v in m.inputs):
+            # Never replace a value by @p itself (its readers would become readers of @p that
+            # nothing orders before @p's write; and `b := a * 1` may be the copy a swap of two
+            # parameters needs), nor make a new reader of @p.
             nodes.append(n)
             rw.producer.update((v, n) for v in n.outputs)
             continue

@@ -1,0 +1,68 @@
+"""Groups of nodes that will run as one unit (a kernel), and the one legality question both
+fusion passes ask: would merging two groups make a cycle?
+
+Two groups may merge unless a path between them leaves both: A -> X -> B with X outside
+(a node, or a member of a third group). Groups are walked as units: a kernel runs whole, so a
+path that reaches any member of a group reaches all of them.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from ..ir.analysis import producers
+from ..ir.graph import Graph, Node
+
+@dataclass(eq=False)
+class Group:
+    space: tuple[int, ...]
+    members: list[Node] = field(default_factory=list)
+
+
+class Grouping:
+    """Group membership over a graph's nodes, and cycle checks on the condensed graph."""
+
+    def __init__(self, graph: Graph):
+        self.producer = producers(graph)
+        self.index = {id(n): i for i, n in enumerate(graph.nodes)}
+        self.group: dict[int, Group] = {}  # id(node) -> its group
+
+    def add(self, g: Group) -> Group:
+        for n in g.members:
+            self.group[id(n)] = g
+        return g
+
+    def merge(self, a: Group, b: Group) -> Group:
+        a.members = sorted(a.members + b.members, key=lambda n: self.index[id(n)])
+        return self.add(a)
+
+    def _top(self, n: Node) -> int:
+        """The latest position among the members of n's group (n's own if ungrouped): nothing
+        earlier than the source's first member can lead to it, and a group counts by its
+        latest member, since reaching any member reaches all."""
+        g = self.group.get(id(n))
+        return max(self.index[id(m)] for m in g.members) if g is not None else self.index[id(n)]
+
+    def path_leaving(self, src: Group, dst: Group) -> Node | None:
+        """The first outside node on a path src -> ... -> dst that leaves both, if any."""
+        inside = {id(n) for n in src.members + dst.members}
+        floor = min(self.index[id(n)] for n in src.members)
+        seen: set[int] = set()
+        starts = [self.producer[v] for n in dst.members for v in n.operands()
+                  if v in self.producer and id(self.producer[v]) not in inside]
+        for start in starts:
+            stack = [start]
+            while stack:
+                m = stack.pop()
+                if id(m) in inside:
+                    return start
+                if id(m) in seen or self._top(m) < floor:
+                    continue
+                g = self.group.get(id(m))
+                for member in (g.members if g is not None else [m]):
+                    seen.add(id(member))
+                    stack += [self.producer[v] for v in member.operands() if v in self.producer]
+        return None
+
+    def cycle_via(self, a: Group, b: Group) -> Node | None:
+        """An outside node through which a and b depend on each other, if merging them would
+        make a cycle."""
+        return self.path_leaving(a, b) or self.path_leaving(b, a)
