@@ -11,6 +11,10 @@
 |                            |             | `K`, `M`, `G`, `T` mean powers of 1024             |
 | `GRAPHOPT_LOG`             | (unset)     | comma-separated log topics printed on stderr:      |
 |                            |             | `cache` (each cache hit and miss, with its parts)  |
+| `GRAPHOPT_BACKEND`         | `llvm`      | the backend `jit` uses when none is given:         |
+|                            |             | `llvm` or `interpreter` (numpy, the reference)     |
+| `GRAPHOPT_THREADS`         | (cores)     | threads a large kernel may split over (default:    |
+|                            |             | the machine's cores)                               |
 
 Each switch is read when its function is called, never at import time, so a test can
 monkeypatch the environment and a program can change a switch while it runs. Switches are
@@ -49,6 +53,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("GRAPHOPT_CACHE_MAX_BYTES", "512M", "size bound of the cache, in bytes "
                                                          "(suffixes K, M, G)"),
     Variable("GRAPHOPT_LOG", "", "comma-separated log topics printed on stderr: cache"),
+    Variable("GRAPHOPT_BACKEND", "llvm", "the backend jit uses when none is given"),
+    Variable("GRAPHOPT_THREADS", "", "threads a large kernel may split over (default: cores)"),
 )}
 
 # Values set in code (set_var, override); they win over os.environ.
@@ -125,6 +131,21 @@ def cache_max_bytes() -> int:
         raise ValueError(f"GRAPHOPT_CACHE_MAX_BYTES={get('GRAPHOPT_CACHE_MAX_BYTES')!r} is not "
                          f"a size in bytes (examples: 536870912, 512M, 2G)")
     return value
+
+
+def backend() -> str:
+    """GRAPHOPT_BACKEND: the backend `jit` uses when none is given."""
+    return get("GRAPHOPT_BACKEND").strip() or "llvm"
+
+
+def threads() -> int:
+    """GRAPHOPT_THREADS: how many threads a large kernel may use (default: every core)."""
+    cores = os.cpu_count() or 1
+    text = get("GRAPHOPT_THREADS").strip()
+    try:
+        return max(1, int(text)) if text else cores
+    except ValueError:
+        raise ValueError(f"GRAPHOPT_THREADS={text!r} is not a number of threads") from None
 
 
 def log_topics() -> frozenset[str]:

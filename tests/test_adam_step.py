@@ -5,6 +5,9 @@ import pytest
 import graphopt as go
 from graphopt import ops
 
+# Bit-for-bit comparisons with numpy: on the reference backend (see conftest.py).
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 SHAPES = [(4, 3), (5,), ()]
 
 

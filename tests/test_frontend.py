@@ -15,6 +15,9 @@ from graphopt import ops
 from graphopt.errors import OpTypeError, SignatureError
 from graphopt.frontend.tracer import current_trace
 
+# Bit-for-bit comparisons with numpy: on the reference backend (see conftest.py).
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 HERE = os.path.basename(__file__)
 
 

@@ -10,6 +10,9 @@ from graphopt import ops
 from graphopt.backends import get_backend, interpreter
 from graphopt.errors import ExecutionError
 
+# Bit-for-bit comparisons with numpy: on the reference backend (see conftest.py).
+pytestmark = pytest.mark.usefixtures("reference_backend")
+
 
 def inputs_by_name(graph: go.Graph, **arrays) -> dict:
     return {v: arrays[v.name] for v in graph.inputs}
@@ -270,7 +273,7 @@ def test_every_op_in_the_registry_runs(rng):
 
 def test_backend_registry():
     assert get_backend("interpreter") is interpreter
-    exe = go.jit(lambda x: x + 1).lower(np.ones(2))
+    exe = go.jit(lambda x: x + 1).lower(np.ones(2))  # GRAPHOPT_BACKEND=interpreter here
     assert exe.backend_name == "interpreter"
     exe(np.ones(2))
     assert exe.last_step_seconds is not None and exe.last_step_seconds >= 0

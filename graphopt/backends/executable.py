@@ -30,7 +30,8 @@ class Executable:
         self.graph: Graph = self.pass_result.graph  # what runs
         self.backend_name = backend
         self.program = get_backend(backend).compile(self.graph, fastmath=fastmath, cache=cache)
-        self._native = backend != "interpreter"
+        # The arguments native code reads directly: checked for layout before every call.
+        self._native = getattr(self.program, "native_inputs", set())
         self._in_tree, self._out_tree = traced.in_tree, traced.out_tree
         self._leaf_kinds = traced.leaf_kinds
         self._params = traced.params
@@ -50,7 +51,7 @@ class Executable:
             if kind == "param":
                 continue
             v = next(args)
-            inputs[v] = _checked_array(leaf, v.type, path, self._native)
+            inputs[v] = _checked_array(leaf, v.type, path, v in self._native)
         start = time.perf_counter()
         outputs, updates = self.program.run(inputs)
         # Results are copies, taken before the commit: an output may be a view of a parameter

@@ -23,11 +23,13 @@ class CacheInfo:
 
 
 class JittedFunction:
-    def __init__(self, fn: Callable, backend: str = "interpreter",
+    def __init__(self, fn: Callable, backend: str | None = None,
                  passes: str | Sequence[str] | None = None, fastmath: bool = False,
                  cache: bool = True):
+        from .. import envvars
         from ..backends import get_backend
         from ..passes.manager import parse_pipeline
+        backend = backend or envvars.backend()
         get_backend(backend)  # an unknown backend or pass fails here, not at the first call
         self.passes = parse_pipeline(passes)
         self.fastmath = fastmath
@@ -73,9 +75,12 @@ class JittedFunction:
         return CacheInfo(self._traces, self._compiles, self._hits, len(self._cache))
 
 
-def jit(fn: Callable | None = None, *, backend: str = "interpreter",
+def jit(fn: Callable | None = None, *, backend: str | None = None,
         passes: str | Sequence[str] | None = None, fastmath: bool = False, cache: bool = True):
     """Compile a step function: `@jit`, `@jit(backend=..., passes=...)` or `jit(fn, ...)`.
+
+    `backend` is "llvm" (native kernels; the default, see GRAPHOPT_BACKEND) or
+    "interpreter" (numpy, the reference semantics).
 
     `passes` is the pipeline (names, or "dce,cse,..."); None means the default pipeline
     (graphopt.passes.DEFAULT_PIPELINE) and "" none. `fastmath` allows rewrites that are only

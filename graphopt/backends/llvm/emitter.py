@@ -8,10 +8,13 @@ Values in a body are in their *compute* type: f64 as double, f32, f16 and bf16 a
 and bf16 are loaded, computed in f32 and rounded when stored, as the issue asks), i32 and i64
 as integers, bool as i1. `load`/`store` convert between the storage type and the compute type.
 
-Floating-point flags: none, except `contract` (a multiply feeding an add may become one fused
-multiply-add, which rounds once instead of twice) and, only under `fastmath=True`, `fast` on
-every float instruction. Results then match the numpy interpreter to the tolerance
-docs/llvm.md states.
+Floating-point flags: none by default, so every +, -, *, /, sqrt, comparison, select and cast
+rounds exactly as numpy's does (IEEE 754, one rounding per op; f16 and bf16 results are
+rounded after each op, as numpy does): an optimizer update gives the interpreter's bits.
+Not even `contract`: fusing a multiply-add would round once instead of twice, and these
+kernels are bound by memory, not by arithmetic. exp, log, pow and tanh come from the C math
+library (numpy has its own; they may differ in the last bit). `fastmath=True` puts `fast` on
+every float instruction.
 """
 from __future__ import annotations
 
@@ -53,7 +56,7 @@ class Emitter:
     def __init__(self, builder: ir.IRBuilder, module: ir.Module, fastmath: bool = False):
         self.b = builder
         self.module = module
-        self.flags = ("fast",) if fastmath else ("contract",)
+        self.flags: tuple[str, ...] = ("fast",) if fastmath else ()
         self.in_dtypes: list[DType] = []  # the dtypes of the operands of the op being lowered
 
     # -- helpers ----------------------------------------------------------------------------
@@ -65,7 +68,7 @@ class Emitter:
         t = args[0].type
         fn = self.module.declare_intrinsic(name, [t], ir.FunctionType(t, [t] * len(args)))
         call = self.b.call(fn, list(args))
-        if _is_float(args[0]) and self.flags == ("fast",):
+        if _is_float(args[0]) and self.flags:
             call.fastmath = set(self.flags)  # type: ignore[attr-defined]
         return call
 
@@ -186,14 +189,19 @@ class Emitter:
 
     # -- conversions ------------------------------------------------------------------------
     def cast(self, x, src: DType, dst: DType):
-        """numpy's astype: floats to ints truncate (saturating here, where numpy's result is
-        undefined), anything to bool is `!= 0` (NaN is true)."""
+        """numpy's astype: floats to ints truncate toward zero; NaN and values out of range
+        give the most negative integer, as numpy does on x86 (cvttsd2si); anything to bool is
+        `!= 0` (NaN is true)."""
         b, to = self.b, compute_type(dst)
         if dst.name == "bool":
             return self.compare("!=", x, self.like(x, 0))
         if _is_float(x) and isinstance(to, ir.IntType):
-            fn = self.module.declare_intrinsic("llvm.fptosi.sat", [to, x.type])
-            return b.call(fn, [x])
+            low = ir.Constant(x.type, -float(2 ** (to.width - 1)))
+            high = ir.Constant(x.type, float(2 ** (to.width - 1)))
+            fits = b.and_(b.fcmp_ordered(">=", x, low), b.fcmp_ordered("<", x, high))
+            # fptosi is only defined in range: select keeps its poison out of the result.
+            safe = b.select(fits, x, ir.Constant(x.type, 0.0))
+            return b.select(fits, b.fptosi(safe, to), ir.Constant(to, -(1 << (to.width - 1))))
         if x.type == I1:
             return b.uitofp(x, to) if to in (F32, F64) else b.zext(x, to)
         if isinstance(x.type, ir.IntType) and to in (F32, F64):

@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
+from ... import envvars
 from ...errors import ExecutionError, GraphoptError
 from ...ir import kernel as kernel_ir
 from ...ir.graph import Graph, Node, Value
@@ -33,13 +34,14 @@ _pool: ThreadPoolExecutor | None = None
 
 
 def threads() -> int:
-    return max(1, min(os.cpu_count() or 1, int(os.environ.get("GRAPHOPT_THREADS", "0")) or 64))
+    return envvars.threads()
 
 
 def _workers() -> ThreadPoolExecutor:
     global _pool
-    if _pool is None:
-        _pool = ThreadPoolExecutor(max(1, threads() - 1), thread_name_prefix="graphopt")
+    if _pool is None:  # enough workers for any later GRAPHOPT_THREADS up to the core count
+        _pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 1) - 1),
+                                   thread_name_prefix="graphopt")
     return _pool
 
 
@@ -199,6 +201,9 @@ class LLVMProgram:
             self.kernels.append(k)
             self.native[id(node)] = k
         self.stored = {v for k in self.kernels for v in kernel_ir.written(k.node)}
+        # Graph inputs that native code reads as they are: the arguments that must be
+        # C-contiguous and aligned (others go through numpy, which takes any layout).
+        self.native_inputs = {v for k in self.kernels for v in k.node.inputs if v.is_input}
         # A failure after an in-place store must be undone: back up what is stored before a
         # node that could fail (numpy, a kernel that runs through numpy) comes.
         first_store = next((i for i, n in enumerate(graph.nodes)
