@@ -44,14 +44,21 @@ def _ir(args: argparse.Namespace) -> int:
     return 0
 
 
-def _emit(graph, emit: str, out: str | None) -> None:
+def _write(text: str, out: str | None) -> None:
+    if out:
+        Path(out).write_text(text + "\n")
+    else:
+        print(text)
+
+
+def _emit(graph, emit: str, out: str | None, fastmath: bool = False) -> None:
     from .ir.export import dump
+    if emit in ("llvm", "asm"):  # the kernels, compiled for this machine
+        from .backends.llvm import compile as compile_llvm
+        _write(compile_llvm(graph, fastmath=fastmath).listing(emit), out)
+        return
     if emit in ("ir", "text"):
-        text = graph.format(locs=True)
-        if out:
-            Path(out).write_text(text + "\n")
-        else:
-            print(text)
+        _write(graph.format(locs=True), out)
         return
     if emit == "dot" and not out:
         print(graph.to_dot().source)
@@ -74,7 +81,7 @@ def _opt(args: argparse.Namespace) -> int:
                      print_after=args.print_after or (), fastmath=args.fastmath)
         if args.stats:
             print(result, file=sys.stderr)
-    _emit(result.graph, args.emit, args.output)
+    _emit(result.graph, args.emit, args.output, args.fastmath)
     return 0
 
 
@@ -118,7 +125,7 @@ def _compile(args: argparse.Namespace) -> int:
         graph = trace_function(fn, fargs, fkwargs).graph.verify()
         result = run(graph, args.passes, print_after_all=args.print_after_all,
                      fastmath=args.fastmath)
-    _emit(result.graph, args.emit, args.output)
+    _emit(result.graph, args.emit, args.output, args.fastmath)
     return 0
 
 
@@ -143,8 +150,9 @@ def main(argv: list[str] | None = None) -> int:
     def pipeline_options(p: argparse.ArgumentParser) -> None:
         p.add_argument("--passes", default=None,
                        help="comma-separated pass names (default: the default pipeline)")
-        p.add_argument("--emit", choices=("ir", "text", "dot", "svg", "png", "pdf"),
-                       default="ir")
+        p.add_argument("--emit", choices=("ir", "text", "dot", "svg", "png", "pdf", "llvm",
+                                          "asm"), default="ir",
+                       help="the IR (text), a drawing, or the kernels' LLVM IR or assembly")
         p.add_argument("-o", "--output", help="write the result here")
         p.add_argument("--print-after-all", action="store_true")
         p.add_argument("--explain", action="store_true",

@@ -286,3 +286,66 @@ def test_a_second_process_loads_kernels_from_the_disk_cache(tmp_path):
         assert r.returncode == 0, r.stderr
     assert runs[0].stdout.split()[0] == runs[1].stdout.split()[0] == "100.0"
     assert "False" in runs[0].stdout and "False" not in runs[1].stdout  # compiled, then loaded
+
+
+# -- graphopt.optim on the llvm backend --------------------------------------------------------
+OPTIMIZERS = {
+    "SGD": dict(lr=0.05, momentum=0.9, nesterov=True, weight_decay=1e-3),
+    "Adagrad": dict(lr=0.05, lr_decay=1e-3),
+    "RMSprop": dict(lr=1e-3, momentum=0.5, centered=True),
+    "Adam": dict(lr=1e-3, amsgrad=True),
+    "AdamW": dict(lr=1e-3, weight_decay=0.01),
+    "NAdam": dict(lr=1e-3),
+    "Adamax": dict(lr=1e-3),
+    "LAMB": dict(lr=1e-3, weight_decay=0.01),
+    "Lion": dict(lr=1e-4, weight_decay=0.01),
+}
+
+
+@pytest.mark.parametrize("name", sorted(OPTIMIZERS))
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_every_optimizer_on_llvm_matches_the_interpreter(name, dtype):
+    shapes = [(40, 30), (30,), (5, 4, 3)]
+    rng = np.random.default_rng(7)
+    start = [rng.standard_normal(s).astype(dtype) for s in shapes]
+    grads = [[rng.standard_normal(s).astype(dtype) for s in shapes] for _ in range(8)]
+    finals = []
+    for backend in ("interpreter", "llvm"):
+        params = [go.Parameter(a, name=f"w{i}") for i, a in enumerate(start)]
+        opt = getattr(go.optim, name)(params, **OPTIMIZERS[name])
+        step = go.jit(lambda g: opt.step(g), backend=backend, cache=False)
+        for g in grads:
+            step(g)
+        finals.append([p.numpy() for p in params])
+    # Lion's update is a sign: an element whose update is ~0 may flip it; compare loosely.
+    tol = (1e-12, 1e-12) if dtype == np.float64 else (2e-5, 1e-5 if name == "Lion" else 1e-6)
+    for a, b in zip(*finals):
+        np.testing.assert_allclose(a, b, rtol=tol[0], atol=tol[1])
+
+
+def test_llvm_is_the_default_backend(monkeypatch):
+    monkeypatch.delenv("GRAPHOPT_BACKEND", raising=False)
+    exe = go.jit(lambda x: x * 2).lower(np.ones(3))
+    assert exe.backend_name == "llvm" and exe.kernels
+    monkeypatch.setenv("GRAPHOPT_BACKEND", "interpreter")
+    assert go.jit(lambda x: x * 2).lower(np.ones(3)).backend_name == "interpreter"
+
+
+def test_float_to_int_casts_match_numpy():
+    x = np.array([0.0, -0.0, 1.9, -1.9, 2.5e9, -2.5e9, np.inf, -np.inf, np.nan, 3e38],
+                 np.float32)
+    step = lambda x: (x.astype("i32"), x.astype("i64"), x.astype("bool"))  # noqa: E731
+    want = go.jit(step, backend="interpreter")(x)
+    got = go.jit(step, backend="llvm", cache=False)(x)
+    for a, b in zip(want, got):
+        np.testing.assert_array_equal(a, b)
+
+
+def test_cli_emits_llvm_ir_and_assembly(tmp_path, capsys):
+    from graphopt.cli import main
+    src = tmp_path / "g.gir"
+    src.write_text("graph g {\n  arg %x: f32[64]\n  %0 = exp %x : f32[64]\n  return %0\n}\n")
+    assert main(["opt", str(src), "--passes", "fuse", "--emit", "llvm"]) == 0
+    assert "define void @kernel_" in capsys.readouterr().out
+    assert main(["opt", str(src), "--passes", "fuse", "--emit", "asm"]) == 0
+    assert ".globl\tkernel_" in capsys.readouterr().out

@@ -10,7 +10,7 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..errors import SignatureError
+from ..errors import BackendError, SignatureError
 from ..frontend import pytree
 from ..frontend.tensor import EagerTensor
 from ..frontend.tracer import Traced, bind_arguments
@@ -74,18 +74,18 @@ class Executable:
         return list(self.program.kernels)
 
     def llvm_ir(self, optimized: bool = True) -> str:
-        """The LLVM IR of every compiled kernel, optimised (as run) or as generated."""
-        from .llvm import engine
-        texts = []
-        for k in self.program.kernels:
-            text = k.ir_text if not optimized else (k.optimized_ir or
-                                                    str(engine.optimize(k.module)))
-            texts.append(f"; kernel {k.name} (cache key {k.key[:16]})\n{text}")
-        return "\n".join(texts)
+        """The LLVM IR of every compiled kernel, optimised (as it runs) or as generated."""
+        return self._listing("llvm" if optimized else "llvm-raw")
 
     def asm(self) -> str:
         """The host assembly of every compiled kernel."""
-        return "\n".join(f"# kernel {k.name}\n{k.asm()}" for k in self.program.kernels)
+        return self._listing("asm")
+
+    def _listing(self, kind: str) -> str:
+        if not hasattr(self.program, "listing"):
+            raise BackendError(f"the {self.backend_name} backend compiles no kernels; use "
+                               f"jit(backend='llvm')")
+        return self.program.listing(kind)
 
     def _param_arrays(self):
         for v, p in self.param_inputs:

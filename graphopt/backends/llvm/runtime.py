@@ -74,6 +74,10 @@ class NativeKernel:
     def asm(self) -> str:
         return engine.assembly(self.module)
 
+    def optimized(self) -> str:
+        """The optimised LLVM IR (made again when the object code came from the cache)."""
+        return self.optimized_ir or str(engine.optimize(self.module))
+
     def splits(self) -> list[tuple[int, int]]:
         """Unit ranges, one per thread; reductions split only at block edges."""
         total = self.abi.total_units
@@ -211,6 +215,18 @@ class LLVMProgram:
         self.needs_backup = first_store is not None and any(
             n.op not in ("assign", "depend", "constant") and id(n) not in self.native
             for n in graph.nodes[first_store:])
+
+    def listing(self, kind: str = "llvm") -> str:
+        """Every compiled kernel as `llvm` (optimised IR), `llvm-raw` (as generated) or `asm`;
+        and the kernels that run through numpy, with the reason."""
+        comment = "#" if kind == "asm" else ";"
+        show = {"llvm": NativeKernel.optimized, "llvm-raw": lambda k: k.ir_text,
+                "asm": NativeKernel.asm}[kind]
+        parts = [f"{comment} kernel {k.name} (cache key {k.key[:16]}, "
+                 f"{'cached' if k.cache_hit else f'compiled in {k.compile_seconds * 1e3:.1f} ms'})"
+                 f"\n{show(k)}" for k in self.kernels]
+        parts += [f"{comment} runs through numpy: {f.reason}" for f in self.fallbacks]
+        return "\n".join(parts)
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
                                                             dict[str, np.ndarray]]:
