@@ -33,3 +33,15 @@ def test_tutorial_shows_the_printed_graph(capsys):
     text = (DOCS / "tutorial.md").read_text()
     shown = re.search(r"```\n(graph sgd_step \{.*?\n\})\n```", text, flags=re.S).group(1)
     assert shown in printed
+
+
+def test_readme_example_prints_what_the_readme_shows():
+    import subprocess
+    import sys
+    readme = (DOCS.parent / "README.md").read_text()
+    code = python_blocks(DOCS.parent / "README.md")[0]
+    shown = re.search(r"```\n(graph rmsprop_step \{.*?\n\})\n```", readme, flags=re.S).group(1)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0, done.stderr
+    assert done.stdout.strip() == shown

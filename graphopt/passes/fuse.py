@@ -12,7 +12,12 @@ element (see ir/kernel.py), so its intermediate values never touch memory:
     nothing in the same group may use it, because it exists only once the kernel is done;
   - scalar constants are copied into every body that uses them (the only work fusion ever
     duplicates: they cost nothing to recompute and nothing to read);
-  - scalar computations (iteration space []) that no path connects are merged into one
+  - a scalar computed only from scalar inputs (a learning rate cast to f32, a hyper-parameter
+    combined with another) is recomputed inside every kernel that uses it: it is
+    loop-invariant, so the compiled loop computes it once before it starts;
+  - groups of one iteration space that read the same tensor become one kernel when no path
+    connects them (sibling fusion): the tensor is read once;
+  - other scalar computations (iteration space []) that no path connects are merged into one
     kernel, whatever they compute: each is a few flops, and a call costs more.
 
 A merge is refused, and the reason recorded for `explain`, when
@@ -29,6 +34,7 @@ import numpy as np
 
 from ..ir.analysis import toposort
 from ..ir.graph import Graph, Node, Value
+from ..ir import kernel as kernel_ir
 from ..ir.kernel import infer_types
 from ..ir.printer import value_names
 from ..ir.registry import ELEMENTWISE
@@ -63,6 +69,25 @@ class _Fuser(Grouping):
         super().__init__(graph)
         self.graph, self.ctx = graph, ctx
         self.names = value_names(graph)
+        self.inline = self._loop_invariant_scalars()
+
+    def _loop_invariant_scalars(self) -> set[int]:
+        """Scalar nodes computed only from scalar inputs (arguments, parameters no node
+        writes, constants): kernels recompute them instead of reading them, because they are
+        loop-invariant (the compiled loop computes them once, before it starts) and a kernel
+        call of their own costs more than the few flops. One that reads a parameter the step
+        writes is left alone: a kernel reading it would need a new write-after-read order."""
+        written = {v for n in self.graph.nodes for v in kernel_ir.written(n)}
+        inline: set[int] = set()
+        for n in self.graph.nodes:
+            if n.op == "constant" or space_of(n) != () or n.op in REDUCE_OPS + ("assign",):
+                continue
+            if all((v.is_input and v.shape == () and v not in written) or
+                   id(self.producer.get(v)) in inline or
+                   (v in self.producer and self.producer[v].op == "constant" and v.shape == ())
+                   for v in n.inputs):
+                inline.add(id(n))
+        return inline
 
     def name(self, n: Node) -> str:
         return f"{self.names[n.outputs[0]]} = {n.op}" if n.outputs else n.op
@@ -93,7 +118,7 @@ class _Fuser(Grouping):
     def group_nodes(self) -> None:
         for n in self.graph.nodes:
             space = space_of(n)
-            if space is None or n.op == "constant":
+            if space is None or n.op == "constant" or id(n) in self.inline:
                 continue
             if n.op == "assign":
                 source = self.group.get(id(self.producer.get(n.inputs[1])))
@@ -117,6 +142,35 @@ class _Fuser(Grouping):
                                     f"{self.name(self.producer[v])}", reason, n.loc)
                 else:
                     g = self.merge(pg, g)
+
+    def merge_siblings(self) -> None:
+        """Groups of one iteration space that read the same tensor, with no value passing
+        between them, become one kernel: the tensor is read once, not once per kernel (a
+        gradient-norm reduction and the update that both read the gradient)."""
+        readers: dict[Value, list[Group]] = {}
+        for n in self.graph.nodes:
+            g = self.group.get(id(n))
+            if g is None or g.space == ():
+                continue
+            for v in n.inputs:
+                p = self.producer.get(v)
+                if v.shape == g.space and (p is None or self.group.get(id(p)) is not g):
+                    readers.setdefault(v, [])
+                    if g not in readers[v]:
+                        readers[v].append(g)
+        for v, groups in readers.items():
+            groups = list(dict.fromkeys(self.group[id(g.members[0])] for g in groups))
+            acc = groups[0]
+            for g in groups[1:]:
+                if g is acc:
+                    continue
+                reason = self.why_not(acc, g)
+                if reason:
+                    self.ctx.refuse(f"{self.name(g.members[0])}", f"not fused with "
+                                    f"{self.name(acc.members[0])}, which also reads "
+                                    f"{self.names[v]}: {reason}", g.members[0].loc)
+                else:
+                    acc = self.merge(acc, g)
 
     def merge_scalar_siblings(self) -> None:
         """Scalar groups with no path between them become one kernel: one call, not several
@@ -151,6 +205,9 @@ class _Fuser(Grouping):
                 c = body.add_node("constant", [], {**p.attrs, "shape": ()}, out_types=[t],
                                   loc=p.loc)
                 env[v] = c.out
+            elif p is not None and id(p) in self.inline:  # recomputed, see above
+                env[v] = body.add_node(p.op, [element(x) for x in p.inputs], p.attrs,
+                                       loc=p.loc).out
             else:
                 operands.append(v)
                 env[v] = body.add_input("arg", f"x{len(operands) - 1}", TensorType((), v.dtype))
@@ -243,6 +300,7 @@ class _Fuser(Grouping):
 def fuse(graph: Graph, ctx: PassContext) -> dict:
     f = _Fuser(graph, ctx)
     f.group_nodes()
+    f.merge_siblings()
     f.merge_scalar_siblings()
     absorbed = sum(len(g.members) for g in {id(g): g for g in f.group.values()}.values())
     kernels = f.rewrite()
