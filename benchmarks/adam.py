@@ -1,0 +1,934 @@
+#!/usr/bin/env python
+"""One Adam step (f32), side by side: graphopt (llvm backend) and its peers.
+
+    python benchmarks/adam.py                      # every case and every installed peer
+    python benchmarks/adam.py --quick              # small sizes, 1-2 repeats (smoke test)
+    python benchmarks/adam.py --cases 16M,many --impls graphopt,torch-fused
+    python benchmarks/adam.py --profile many       # cProfile of graphopt's steps, one case
+
+The step is torch.optim.Adam's (lr 1e-3, betas (0.9, 0.999), eps 1e-8 outside the square
+root, bias correction, no weight decay):
+
+    m <- m + (1 - b1)(g - m);   v <- b2 v + (1 - b2) g^2
+    p <- p - lr/(1 - b1^t) * m / (sqrt(v)/sqrt(1 - b2^t) + eps)
+
+Implementations (`--impls`; a peer that is not installed is skipped, with a note):
+  graphopt       graphopt.optim.Adam inside `graphopt.jit(step, backend="llvm")`, the gradients
+                 as arguments of the step
+  graphopt-ops   the same step written directly with graphopt.ops and graphopt.assign
+  numpy          numpy as a user writes it: per tensor, in-place where natural
+  torch-foreach  torch.optim.Adam(foreach=True)
+  torch-fused    torch.optim.Adam(fused=True)
+  jax            jax.jit of optax.adam's update + apply_updates (parameters and state donated)
+  numba          one @njit(parallel=True) prange loop over the elements, one call per tensor
+
+Cases (`--cases`): 1M, 16M, 64M (one tensor of that many f32 elements), bert (the 199 tensors
+of BERT-base, 109.5M elements), many (1,000 tensors of 1k-10k elements, fixed seed).
+
+Every (case, implementation) runs in its own subprocess, one at a time, so each starts with
+its memory free and its own peak RSS is measured. Each times single steps after a warm-up and
+reports the median; GB/s counts 28 bytes per element (read p, g, m, v; write p, m, v). After
+two steps, the first 1,024 elements of the first and the last tensor are compared with an
+f64 reference (`max|dp|`). graphopt's compile is measured cold (a fresh process, an empty
+GRAPHOPT_CACHE_DIR) and warm (another fresh process on the same cache directory: from the
+jit call with fresh Parameters to the end of the first step). The machine's memory bandwidth
+is measured before and after the run (a STREAM-like triad with numba prange on 2 threads, a
+1-thread numpy copy).
+
+Writes <out>/adam.md (tables), adam.json (everything measured) and adam.png (ms per step).
+"""
+from __future__ import annotations
+
+import argparse
+import gc
+import importlib.util
+import json
+import math
+import os
+import platform
+import resource
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any, Callable
+
+import numpy as np
+
+HERE = Path(__file__).resolve().parent
+ROOT = HERE.parent
+BYTES_PER_ELEMENT = 28  # read p, g, m, v; write p, m, v (f32)
+LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
+SEED = 0
+SAMPLE = 1024  # elements of the first and last tensor checked against the f64 reference
+
+IMPLS = ["graphopt", "graphopt-ops", "numpy", "torch-foreach", "torch-fused", "jax", "numba"]
+REQUIRES = {"graphopt": ["graphopt"], "graphopt-ops": ["graphopt"], "numpy": [],
+            "torch-foreach": ["torch"], "torch-fused": ["torch"], "jax": ["jax", "optax"],
+            "numba": ["numba"]}
+GRAPHOPT_IMPLS = ("graphopt", "graphopt-ops")
+CASES = ["1M", "16M", "64M", "bert", "many"]
+WORKER_TIMEOUT = 900  # seconds for one (case, implementation)
+
+
+# -- cases -----------------------------------------------------------------------------------
+
+def bert_base_shapes(hidden: int = 768, layers: int = 12, ffn: int = 3072, vocab: int = 30522,
+                     positions: int = 512, types: int = 2) -> list[tuple[int, ...]]:
+    """The parameter shapes of BERT-base (bert-base-uncased with its pooler), in order."""
+    h = hidden
+    shapes: list[tuple[int, ...]] = [(vocab, h), (positions, h), (types, h), (h,), (h,)]
+    for _ in range(layers):
+        shapes += [(h, h), (h,)] * 4              # query, key, value, attention output
+        shapes += [(h,), (h,)]                    # attention LayerNorm
+        shapes += [(h, ffn), (ffn,), (ffn, h), (h,)]  # intermediate, output
+        shapes += [(h,), (h,)]                    # output LayerNorm
+    shapes += [(h, h), (h,)]                      # pooler
+    return shapes
+
+
+def case_shapes(case: str, quick: bool = False) -> list[tuple[int, ...]]:
+    if case in ("1M", "16M", "64M"):
+        n = {"1M": 1 << 20, "16M": 1 << 24, "64M": 1 << 26}[case]
+        return [(n >> 6 if quick else n,)]
+    if case == "bert":
+        return bert_base_shapes(64, 12, 256, 1000, 64) if quick else bert_base_shapes()
+    if case == "many":
+        sizes = np.random.default_rng(SEED).integers(1000, 10001, size=50 if quick else 1000)
+        return [(int(s),) for s in sizes]
+    raise SystemExit(f"unknown case {case!r}; known: {', '.join(CASES)}")
+
+
+def case_label(case: str, shapes: list[tuple[int, ...]]) -> str:
+    n = sum(math.prod(s) for s in shapes)
+    return f"{len(shapes)} tensor{'s' * (len(shapes) > 1)}, {n / 1e6:.2f}M elements"
+
+
+def make_data(shapes: list[tuple[int, ...]]) -> tuple[list[np.ndarray], list[np.ndarray]]:
+    """Parameters and gradients: f32 standard normals, one seeded stream per tensor and kind
+    (so the f64 reference can regenerate a prefix without the whole tensor)."""
+    ps, gs = [], []
+    for i, s in enumerate(shapes):
+        n = math.prod(s)
+        ps.append(np.random.default_rng([SEED, i, 0]).standard_normal(n, np.float32).reshape(s))
+        gs.append(np.random.default_rng([SEED, i, 1]).standard_normal(n, np.float32).reshape(s))
+    return ps, gs
+
+
+def reference_sample(shapes: list[tuple[int, ...]], steps: int = 2) -> list[np.ndarray]:
+    """The f64 result of `steps` Adam steps on the checked prefixes."""
+    out = []
+    for i in sorted({0, len(shapes) - 1}):
+        k = min(SAMPLE, math.prod(shapes[i]))
+        p = np.random.default_rng([SEED, i, 0]).standard_normal(k, np.float32).astype(np.float64)
+        g = np.random.default_rng([SEED, i, 1]).standard_normal(k, np.float32).astype(np.float64)
+        m, v = np.zeros(k), np.zeros(k)
+        for t in range(1, steps + 1):
+            m = m + (1 - BETA1) * (g - m)
+            v = BETA2 * v + (1 - BETA2) * g * g
+            p = p - LR / (1 - BETA1 ** t) * m / (np.sqrt(v) / math.sqrt(1 - BETA2 ** t) + EPS)
+        out.append(p)
+    return out
+
+
+def sample_of(arrays: list[np.ndarray]) -> list[list[float]]:
+    return [np.asarray(arrays[i]).reshape(-1)[:SAMPLE].astype(np.float64).tolist()
+            for i in sorted({0, len(arrays) - 1})]
+
+
+def scalars(t: int) -> tuple[float, float]:
+    """torch's step_size and bias_correction2_sqrt for step t (from 1), in f64."""
+    return LR / (1 - BETA1 ** t), math.sqrt(1 - BETA2 ** t)
+
+
+# -- implementations: each returns (step, sync, sample) after its setup ----------------------
+# step() runs one Adam step; sync() waits for it (asynchronous runtimes); sample() returns the
+# checked prefixes of the parameters. `info` collects what an implementation wants reported.
+
+def setup_numpy(ps, gs, info):
+    ms = [np.zeros_like(p) for p in ps]
+    vs = [np.zeros_like(p) for p in ps]
+    t = [0]
+
+    def step():
+        t[0] += 1
+        step_size, bias2_sqrt = scalars(t[0])
+        for p, g, m, v in zip(ps, gs, ms, vs):
+            m *= BETA1
+            m += (1 - BETA1) * g
+            v *= BETA2
+            v += (1 - BETA2) * g * g
+            p -= step_size * m / (np.sqrt(v) / bias2_sqrt + EPS)
+
+    return step, lambda: None, lambda: sample_of(ps)
+
+
+def setup_torch(ps, gs, info, fused: bool):
+    import torch
+    torch.set_num_threads(os.cpu_count() or 1)
+    info["threads"] = torch.get_num_threads()
+    info["version"] = torch.__version__
+    params = [torch.nn.Parameter(torch.from_numpy(p)) for p in ps]
+    for p, g in zip(params, gs):
+        p.grad = torch.from_numpy(g)
+    kw = {"fused": True} if fused else {"foreach": True}
+    opt = torch.optim.Adam(params, lr=LR, betas=(BETA1, BETA2), eps=EPS, **kw)
+    return opt.step, lambda: None, lambda: sample_of([p.detach().numpy() for p in params])
+
+
+def setup_jax(ps, gs, info):
+    import functools
+    import jax
+    import jax.numpy as jnp
+    import optax
+    info["version"] = f"jax {jax.__version__}, optax {optax.__version__}"
+    tx = optax.adam(LR, b1=BETA1, b2=BETA2, eps=EPS)
+    params = [jnp.asarray(p) for p in ps]
+    grads = [jnp.asarray(g) for g in gs]
+    state = [tx.init(params)]
+    cur = [params]
+    del params
+
+    @functools.partial(jax.jit, donate_argnums=(0, 1))
+    def update(params, state, grads):
+        updates, state = tx.update(grads, state, params)
+        return optax.apply_updates(params, updates), state
+
+    def step():
+        cur[0], state[0] = update(cur[0], state[0], grads)
+
+    return step, lambda: jax.block_until_ready(cur[0]), lambda: sample_of(
+        [np.asarray(cur[0][i]) for i in sorted({0, len(ps) - 1})])
+
+
+def setup_numba(ps, gs, info):
+    import numba
+    from numba import njit, prange
+    info["version"] = numba.__version__
+    info["threads"] = numba.get_num_threads()
+
+    @njit(parallel=True, fastmath=False, cache=False)
+    def adam(p, g, m, v, one_minus_b1, b2, one_minus_b2, step_size, bias2_sqrt, eps):
+        for i in prange(p.size):
+            gi = g[i]
+            mi = m[i] + one_minus_b1 * (gi - m[i])
+            vi = b2 * v[i] + one_minus_b2 * gi * gi
+            m[i] = mi
+            v[i] = vi
+            p[i] = p[i] - step_size * mi / (math.sqrt(vi) / bias2_sqrt + eps)
+
+    flat_p = [p.reshape(-1) for p in ps]
+    flat_g = [g.reshape(-1) for g in gs]
+    ms = [np.zeros_like(p) for p in flat_p]
+    vs = [np.zeros_like(p) for p in flat_p]
+    f32 = np.float32
+    t = [0]
+
+    def step():
+        t[0] += 1
+        step_size, bias2_sqrt = scalars(t[0])
+        c = (f32(1 - BETA1), f32(BETA2), f32(1 - BETA2), f32(step_size), f32(bias2_sqrt),
+             f32(EPS))
+        for p, g, m, v in zip(flat_p, flat_g, ms, vs):
+            adam(p, g, m, v, *c)
+
+    return step, lambda: None, lambda: sample_of(ps)
+
+
+def graphopt_adam_step(ps, info, variant: str) -> tuple[Callable, list]:
+    """The step function (not yet jitted) and the Parameters it updates."""
+    import graphopt as go
+    from graphopt import ops, optim
+    params = [go.Parameter(p, name=f"p{i}") for i, p in enumerate(ps)]
+    if variant == "graphopt":
+        opt = optim.Adam(params, lr=LR, betas=(BETA1, BETA2), eps=EPS)
+
+        def adam_step(grads):
+            opt.step(grads)
+        return adam_step, params
+
+    ms = [go.Parameter(np.zeros_like(p), name=f"p{i}.exp_avg") for i, p in enumerate(ps)]
+    vs = [go.Parameter(np.zeros_like(p), name=f"p{i}.exp_avg_sq") for i, p in enumerate(ps)]
+
+    def adam_ops_step(grads, step_size, bias2_sqrt):
+        for p, m, v, g in zip(params, ms, vs, grads):
+            m_new = m + (1 - BETA1) * (g - m)
+            v_new = BETA2 * v + (1 - BETA2) * g * g
+            go.assign(m, m_new)
+            go.assign(v, v_new)
+            go.assign(p, p - step_size * m_new / (ops.sqrt(v_new) / bias2_sqrt + EPS))
+    return adam_ops_step, params
+
+
+def setup_graphopt(ps, gs, info, variant: str):
+    import graphopt as go
+    info["cache_dir"] = os.environ.get("GRAPHOPT_CACHE_DIR")
+    fn, params = graphopt_adam_step(ps, info, variant)
+    ps.clear()  # the Parameters hold copies; drop the originals
+    t = [0]
+
+    def args():
+        if variant == "graphopt":
+            return (gs,)
+        step_size, bias2_sqrt = scalars(t[0])
+        return gs, np.float32(step_size), np.float32(bias2_sqrt)
+
+    start = time.perf_counter()
+    jitted = go.jit(fn, backend="llvm")
+    t[0] = 1
+    exe = jitted.lower(*args())
+    info["cold_compile_s"] = time.perf_counter() - start
+    info["kernels"] = len(exe.kernels)
+    info["kernel_compile_s"] = sum(k.compile_seconds for k in exe.kernels)
+    info["cache_hits"] = sum(k.cache_hit for k in exe.kernels)
+    info["fallbacks"] = len(exe.program.fallbacks)
+    info["pass_s"] = sum(s.seconds for s in exe.pass_result.stats)
+    info["graph_nodes"] = len(exe.graph.nodes)
+    info["_exe"] = exe
+    info["_jitted"] = jitted
+
+    first = [True]
+
+    def step():
+        if not first[0]:
+            t[0] += 1
+        first[0] = False
+        jitted(*args())
+
+    return step, lambda: None, lambda: sample_of([p._value for p in params])
+
+
+SETUPS: dict[str, Callable] = {
+    "numpy": setup_numpy,
+    "torch-foreach": lambda ps, gs, info: setup_torch(ps, gs, info, fused=False),
+    "torch-fused": lambda ps, gs, info: setup_torch(ps, gs, info, fused=True),
+    "jax": setup_jax,
+    "numba": setup_numba,
+    "graphopt": lambda ps, gs, info: setup_graphopt(ps, gs, info, "graphopt"),
+    "graphopt-ops": lambda ps, gs, info: setup_graphopt(ps, gs, info, "graphopt-ops"),
+}
+
+
+# -- workers (one subprocess each) -----------------------------------------------------------
+
+def peak_rss_mb() -> float:
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
+
+
+def worker_run(impl: str, case: str, quick: bool) -> dict:
+    shapes = case_shapes(case, quick)
+    elements = sum(math.prod(s) for s in shapes)
+    ps, gs = make_data(shapes)
+    info: dict[str, Any] = {}
+    start = time.perf_counter()
+    step, sync, sample = SETUPS[impl](ps, gs, info)
+    step()
+    sync()
+    first_call = time.perf_counter() - start
+    step()
+    sync()
+    checked = sample()
+    warmup, min_reps, max_reps, budget = (0, 1, 2, 0.0) if quick else (3, 7, 200, 2.0)
+    for _ in range(warmup):
+        step()
+    sync()
+    times: list[float] = []
+    t0 = time.perf_counter()
+    while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - t0 < budget):
+        s = time.perf_counter()
+        step()
+        sync()
+        times.append(time.perf_counter() - s)
+    exe = info.pop("_exe", None)
+    info.pop("_jitted", None)
+    if exe is not None:
+        steps_run = 2 + warmup + len(times)
+        info["native_calls_per_step"] = sum(k.calls for k in exe.kernels) / steps_run
+    ms = float(np.median(times) * 1e3)
+    return {"impl": impl, "case": case, "tensors": len(shapes), "elements": elements,
+            "ms": ms, "min_ms": float(np.min(times) * 1e3), "reps": len(times),
+            "gbps": BYTES_PER_ELEMENT * elements / (ms * 1e-3) / 1e9,
+            "first_call_s": first_call, "sample": checked, "peak_rss_mb": peak_rss_mb(),
+            **info}
+
+
+def worker_warm(impl: str, case: str, quick: bool) -> dict:
+    """A fresh process on a warm cache: jit with fresh Parameters, time to the first result."""
+    import graphopt as go
+    shapes = case_shapes(case, quick)
+    ps, gs = make_data(shapes)
+    info: dict[str, Any] = {}
+    s = time.perf_counter()
+    fn, params = graphopt_adam_step(ps, info, impl)
+    setup = time.perf_counter() - s
+    ps.clear()
+    args = (gs,) if impl == "graphopt" else (gs, *map(np.float32, scalars(1)))
+    start = time.perf_counter()
+    jitted = go.jit(fn, backend="llvm")
+    jitted(*args)
+    first = time.perf_counter() - start
+    exe = jitted.lower(*args)
+    return {"impl": impl, "case": case, "warm_first_call_s": first,
+            "warm_param_setup_s": setup,
+            "warm_cache_hits": sum(k.cache_hit for k in exe.kernels),
+            "warm_kernels": len(exe.kernels),
+            "warm_kernel_load_s": sum(k.compile_seconds for k in exe.kernels)}
+
+
+def worker_bandwidth(quick: bool) -> dict:
+    """Memory bandwidth: a STREAM triad a = b + s*c over f64 arrays far larger than the caches
+    (numba prange, on every thread and on one), and a 1-thread numpy copy. STREAM's counting:
+    24 bytes per triad element, 16 per copied element (no write-allocate traffic counted)."""
+    n = (1 << 22) if quick else (1 << 25)  # 3 x 256 MiB
+    b = np.full(n, 1.0)
+    c = np.full(n, 2.0)
+    a = np.empty(n)
+    reps = 2 if quick else 10
+    out: dict[str, Any] = {"array_mib": n * 8 / 2**20}
+
+    def best(fn, nbytes):
+        fn()
+        ts = []
+        for _ in range(reps):
+            s = time.perf_counter()
+            fn()
+            ts.append(time.perf_counter() - s)
+        return {"best_gbps": nbytes / min(ts) / 1e9, "median_gbps": nbytes / np.median(ts) / 1e9}
+
+    out["numpy_copy_1thread"] = best(lambda: np.copyto(a, b), 16 * n)
+    if importlib.util.find_spec("numba") is not None:
+        import numba
+        from numba import njit, prange
+
+        @njit(parallel=True)
+        def triad(a, b, c, s):
+            for i in prange(a.size):
+                a[i] = b[i] + s * c[i]
+
+        threads = numba.get_num_threads()
+        out["numba_triad_threads"] = threads
+        out["numba_triad"] = best(lambda: triad(a, b, c, 3.0), 24 * n)
+        numba.set_num_threads(1)
+        out["numba_triad_1thread"] = best(lambda: triad(a, b, c, 3.0), 24 * n)
+        numba.set_num_threads(threads)
+    else:
+        def np_triad():
+            np.multiply(c, 3.0, out=a)
+            a.__iadd__(b)
+        out["numpy_triad_1thread"] = best(np_triad, 24 * n)
+    return out
+
+
+def worker_main(args) -> None:
+    if args.worker == "bandwidth":
+        result = worker_bandwidth(args.quick)
+    elif args.warm:
+        result = worker_warm(args.worker, args.case, args.quick)
+    else:
+        result = worker_run(args.worker, args.case, args.quick)
+    print("RESULT " + json.dumps(result), flush=True)
+
+
+# -- the driver --------------------------------------------------------------------------------
+
+def run_worker(argv: list[str], env: dict | None = None) -> dict:
+    cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
+    try:
+        p = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT,
+                           env=env, cwd=ROOT)
+    except subprocess.TimeoutExpired:
+        return {"error": f"timed out after {WORKER_TIMEOUT} s"}
+    for line in p.stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
+    return {"error": f"exit {p.returncode}: " + " | ".join(tail)}
+
+
+def installed(impl: str) -> str | None:
+    """None if the implementation can run, else why not."""
+    missing = [m for m in REQUIRES[impl] if importlib.util.find_spec(m) is None]
+    return f"not installed ({', '.join(missing)})" if missing else None
+
+
+def machine_info() -> dict:
+    info = {"python": platform.python_version(), "cpus": os.cpu_count(),
+            "numpy": np.__version__}
+    try:
+        for line in Path("/proc/cpuinfo").read_text().splitlines():
+            if line.startswith("model name"):
+                info["cpu"] = line.split(":", 1)[1].strip()
+                break
+        mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
+        info["memory_gib"] = round(int(mem) / 2**20, 1)
+    except OSError:
+        pass
+    for mod in ("llvmlite", "torch", "jax", "optax", "numba"):
+        if importlib.util.find_spec(mod) is not None:
+            try:
+                from importlib.metadata import version
+                info[mod] = version(mod)
+            except Exception:
+                pass
+    try:
+        info["graphopt_commit"] = subprocess.run(
+            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
+            text=True).stdout.strip()
+    except OSError:
+        pass
+    return info
+
+
+def fmt_ms(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x:.3g}" if x < 10 else f"{x:.1f}" if x < 1000 else f"{x:.0f}"
+
+
+def fmt_s(x: float | None) -> str:
+    if x is None:
+        return "—"
+    return f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
+
+
+def targets(results: dict) -> list[tuple[str, str, str, str]]:
+    """The issue's speed targets: (target, measured, needed, met/not met)."""
+    rows = []
+
+    def res(case, impl):
+        r = results.get(case, {}).get(impl)
+        return r if r and "error" not in r else None
+
+    for case in ("16M", "64M", "bert"):
+        g, t = res(case, "graphopt"), res(case, "torch-fused")
+        if g and t:
+            ratio = g["ms"] / t["ms"]
+            rows.append((f"{case}: graphopt ÷ torch fused", f"{ratio:.2f} "
+                         f"({fmt_ms(g['ms'])} vs {fmt_ms(t['ms'])} ms)", "≤ 1.0",
+                         "met" if ratio <= 1.0 else "not met"))
+    g, t = res("many", "graphopt"), res("many", "torch-fused")
+    if g and t:
+        ratio = g["ms"] / t["ms"]
+        rows.append(("many (1,000 tensors): graphopt ÷ torch fused", f"{ratio:.2f} "
+                     f"({fmt_ms(g['ms'])} vs {fmt_ms(t['ms'])} ms)", "≤ 0.5",
+                     "met" if ratio <= 0.5 else "not met"))
+    if g:
+        rows.append(("many: cold compile (jit + lower, empty cache)",
+                     fmt_s(g.get("cold_compile_s")), "< 1 s",
+                     "met" if g.get("cold_compile_s", 1e9) < 1 else "not met"))
+        w = g.get("warm_first_call_s")
+        rows.append(("many: warm-cache first call (fresh process)", fmt_s(w), "< 50 ms",
+                     "—" if w is None else "met" if w < 0.05 else "not met"))
+    return rows
+
+
+def render(results: dict, order_cases: list[str], impls: list[str], skipped: dict,
+           bandwidth: list[dict], machine: dict, quick: bool, wall: float) -> tuple[str, str]:
+    """(plain-text table for the terminal, markdown report)."""
+    impl_cols = [i for i in impls if i not in skipped]
+    lines, md = [], []
+    head = f"{'case':<6} {'implementation':<14} {'ms/step':>9} {'GB/s':>7} {'first call':>11}" \
+           f" {'max|dp|':>8} " + " ".join(f"{'÷' + i:>14}" for i in GRAPHOPT_IMPLS
+                                           if i in impl_cols)
+    lines.append(head)
+    md.append("| case | implementation | ms/step | GB/s | first call | peak RSS | max\\|Δp\\| | "
+              + " | ".join(f"{g} ÷ this" for g in GRAPHOPT_IMPLS if g in impl_cols) + " |")
+    md.append("|---" * (6 + 1 + sum(g in impl_cols for g in GRAPHOPT_IMPLS)) + "|")
+    for case in order_cases:
+        by = results.get(case, {})
+        for impl in impl_cols:
+            r = by.get(impl)
+            if r is None:
+                continue
+            if "error" in r:
+                lines.append(f"{case:<6} {impl:<14} ERROR {r['error'][:200]}")
+                md.append(f"| {case} | {impl} | error: {r['error'][:200]} |")
+                continue
+            ratios = []
+            for g in GRAPHOPT_IMPLS:
+                if g not in impl_cols:
+                    continue
+                gr = by.get(g)
+                ratios.append(f"{gr['ms'] / r['ms']:.2f}" if gr and "error" not in gr else "—")
+            err = r.get("max_err")
+            err_s = "—" if err is None else f"{err:.0e}"
+            lines.append(f"{case:<6} {impl:<14} {fmt_ms(r['ms']):>9} {r['gbps']:7.1f} "
+                         f"{fmt_s(r['first_call_s']):>11} {err_s:>8} "
+                         + " ".join(f"{x:>14}" for x in ratios))
+            md.append(f"| {case} | {impl} | {fmt_ms(r['ms'])} | {r['gbps']:.1f} | "
+                      f"{fmt_s(r['first_call_s'])} | {r['peak_rss_mb']:.0f} MB | {err_s} | "
+                      + " | ".join(ratios) + " |")
+    text = "\n".join(lines)
+
+    comp = ["| case | variant | kernels | native calls/step | passes | LLVM compile "
+            "(sum) | cold compile (jit+lower) | cold first call | warm first call | "
+            "warm cache hits |", "|---" * 10 + "|"]
+    comp_txt = [f"{'case':<6} {'variant':<13} {'kernels':>7} {'calls':>5} {'cold compile':>13}"
+                f" {'warm 1st call':>13}"]
+    for case in order_cases:
+        for g in GRAPHOPT_IMPLS:
+            r = results.get(case, {}).get(g)
+            if not r or "error" in r:
+                continue
+            comp.append(f"| {case} | {g} | {r['kernels']} | {r['native_calls_per_step']:.0f} | "
+                        f"{fmt_s(r['pass_s'])} | {fmt_s(r['kernel_compile_s'])} | "
+                        f"{fmt_s(r['cold_compile_s'])} | {fmt_s(r['first_call_s'])} | "
+                        f"{fmt_s(r.get('warm_first_call_s'))} | "
+                        f"{r.get('warm_cache_hits', '—')}/{r.get('warm_kernels', '—')} |")
+            comp_txt.append(f"{case:<6} {g:<13} {r['kernels']:>7} "
+                            f"{r['native_calls_per_step']:>5.0f} "
+                            f"{fmt_s(r['cold_compile_s']):>13} "
+                            f"{fmt_s(r.get('warm_first_call_s')):>13}")
+    text += "\n\ngraphopt compile\n" + "\n".join(comp_txt)
+
+    bw_txt = []
+    for i, b in enumerate(bandwidth):
+        when = "before" if i == 0 else "after"
+        if "error" in b:
+            bw_txt.append(f"{when}: error {b['error']}")
+            continue
+        parts = []
+        if "numba_triad" in b:
+            parts.append(f"triad {b['numba_triad_threads']} threads "
+                         f"{b['numba_triad']['best_gbps']:.1f} GB/s (median "
+                         f"{b['numba_triad']['median_gbps']:.1f})")
+            parts.append(f"triad 1 thread {b['numba_triad_1thread']['best_gbps']:.1f}")
+        if "numpy_triad_1thread" in b:
+            parts.append(f"numpy triad 1 thread {b['numpy_triad_1thread']['best_gbps']:.1f}")
+        parts.append(f"numpy copy 1 thread {b['numpy_copy_1thread']['best_gbps']:.1f}")
+        bw_txt.append(f"{when} the run: " + ", ".join(parts))
+    text += "\n\nmemory bandwidth (best of 10, STREAM counting, f64 arrays of " \
+            f"{bandwidth[0].get('array_mib', 0):.0f} MiB)\n" + "\n".join(bw_txt)
+
+    tgt = targets(results)
+    if tgt:
+        text += "\n\ntargets\n" + "\n".join(f"{a}: {b} (needed {c}) — {d}" for a, b, c, d in tgt)
+    if skipped:
+        text += "\n\nskipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items())
+
+    out = ["# Adam step benchmark" + (" (--quick: small sizes, not a measurement)" if quick
+                                       else ""), "",
+           f"`python benchmarks/adam.py{' --quick' if quick else ''}` on {machine.get('cpu', '?')}"
+           f", {machine.get('cpus')} cores, {machine.get('memory_gib', '?')} GiB; "
+           + ", ".join(f"{k} {machine[k]}" for k in ("numpy", "llvmlite", "torch", "jax",
+                                                       "optax", "numba") if k in machine)
+           + f"; graphopt at {machine.get('graphopt_commit', '?')}. Run took {wall:.0f} s.", "",
+           "Median ms per Adam step (f32) after warm-up; GB/s at 28 bytes per element; "
+           "`first call` is setup to the end of the first step (includes any JIT compile); "
+           "`max|Δp|` is the largest difference from an f64 reference after two steps (first "
+           "1,024 elements of the first and last tensor); `X ÷ this` is X's time over this "
+           "row's (below 1: X is faster).", "",
+           "Cases: " + "; ".join(f"{c}: {results.get(c, {}).get('_label', '')}"
+                                 for c in order_cases), "", *md, "",
+           "## graphopt compile", "", "Cold: a fresh process with an empty "
+           "GRAPHOPT_CACHE_DIR (`cold compile` = `jit` + `lower`: trace, passes, codegen, "
+           "LLVM). Warm: another fresh process on the same cache directory, from the `jit` "
+           "call with fresh Parameters to the end of the first step.", "", *comp, "",
+           "## Memory bandwidth", "",
+           "STREAM-like, over three f64 arrays of "
+           f"{bandwidth[0].get('array_mib', 0):.0f} MiB each, best of 10: triad `a = b + s*c` "
+           "(numba `prange`; 24 bytes per element) and `np.copyto` (16 bytes per element).", "",
+           *[f"- {x}" for x in bw_txt], ""]
+    if tgt:
+        out += ["## Targets (issue 4)", "", "| target | measured | needed | |", "|---|---|---|---|",
+                *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in tgt], ""]
+    if skipped:
+        out += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), ""]
+    return text, "\n".join(out)
+
+
+def plot(results: dict, cases: list[str], impls: list[str], path: Path, quick: bool) -> str | None:
+    try:
+        import matplotlib
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+    except ImportError:
+        return "matplotlib is not installed (pip install matplotlib): no plot"
+    cols = [i for i in impls if any(i in results.get(c, {}) and "error" not in results[c][i]
+                                    for c in cases)]
+    fig, ax = plt.subplots(figsize=(11, 5.5))
+    width = 0.8 / max(1, len(cols))
+    for k, impl in enumerate(cols):
+        xs, ys = [], []
+        for j, c in enumerate(cases):
+            r = results.get(c, {}).get(impl)
+            if r and "error" not in r:
+                xs.append(j + (k - (len(cols) - 1) / 2) * width)
+                ys.append(r["ms"])
+        bars = ax.bar(xs, ys, width, label=impl)
+        for x, y in zip(xs, ys):
+            ax.text(x, y * 1.05, fmt_ms(y), ha="center", va="bottom", fontsize=6, rotation=90)
+    ax.set_yscale("log")
+    ax.set_xticks(range(len(cases)))
+    ax.set_xticklabels([f"{c}\n{results.get(c, {}).get('_label', '')}" for c in cases],
+                       fontsize=8)
+    ax.set_ylabel("ms per Adam step (median, log scale; lower is better)")
+    ax.set_title("Adam step, f32" + (" (--quick sizes)" if quick else ""))
+    ax.legend(fontsize=8, ncol=4)
+    ax.grid(axis="y", which="both", alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+    return None
+
+
+class _Timer:
+    """Wraps methods of single objects with perf_counter timers (no profiler overhead)."""
+
+    def __init__(self):
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, obj: Any, attr: str, label: str) -> None:
+        fn = getattr(obj, attr)
+        self.seconds.setdefault(label, 0.0)
+
+        def timed(*a, **kw):
+            s = time.perf_counter()
+            try:
+                return fn(*a, **kw)
+            finally:
+                self.seconds[label] += time.perf_counter() - s
+        setattr(obj, attr, timed)
+
+
+def native_replay(exe, steps: int) -> float | None:
+    """Seconds per step spent in native code alone: each compiled kernel is called again with
+    the arguments graphopt passed it, the pointers and ranges prepared once, the range split
+    over the same threads (the Python between calls is ~1 us)."""
+    try:
+        from graphopt.backends.llvm import runtime
+        calls = []
+        for k in exe.kernels:
+            captured: dict[str, Any] = {}
+            orig = k.fn
+
+            def spy(lo, hi, args, ptr, _orig=orig, _c=captured):
+                _c.setdefault("args", (args, ptr))
+                return _orig(lo, hi, args, ptr)
+            k.fn = spy
+            calls.append((k, orig, captured))
+        exe.program  # the caller runs one step with the spies in place
+        return lambda: _replay(calls, steps, runtime)
+    except Exception as e:  # a diagnostic: internals may change
+        print(f"(native replay unavailable: {e})")
+        return None
+
+
+def _replay(calls, steps, runtime) -> float:
+    prepared = []
+    for k, orig, captured in calls:
+        k.fn = orig
+        args, ptr = captured["args"]
+        prepared.append((orig, k.splits(), args, ptr))
+    pool = runtime._workers()
+
+    def once():
+        for fn, ranges, args, ptr in prepared:
+            if len(ranges) == 1:
+                fn(ranges[0][0], ranges[0][1], args, ptr)
+            else:
+                futures = [pool.submit(fn, lo, hi, args, ptr) for lo, hi in ranges[1:]]
+                fn(ranges[0][0], ranges[0][1], args, ptr)
+                for f in futures:
+                    f.result()
+    once()
+    ts = []
+    for _ in range(steps):
+        s = time.perf_counter()
+        once()
+        ts.append(time.perf_counter() - s)
+    return float(np.median(ts))
+
+
+def profile_case(case: str, quick: bool, steps: int, variant: str = "graphopt",
+                 top: int = 30, use_cprofile: bool = True) -> None:
+    """Where graphopt's time goes on one case: the cold compile under cProfile (jit + lower,
+    empty cache); then the warm step: its median time, the native time alone (replayed), the
+    time in each layer of the runtime (timers, no profiler), and the steps under cProfile."""
+    import cProfile
+    import pstats
+    os.environ["GRAPHOPT_CACHE_DIR"] = tempfile.mkdtemp(prefix="graphopt-bench-")
+    shapes = case_shapes(case, quick)
+    ps, gs = make_data(shapes)
+    info: dict[str, Any] = {}
+    prof = cProfile.Profile()
+    if use_cprofile:
+        prof.enable()
+    step, sync, _ = setup_graphopt(ps, gs, info, variant)
+    prof.disable()
+    exe = info["_exe"]
+    print(f"=== {case}, {variant}: cold compile (jit + lower) "
+          f"{'under cProfile ' if use_cprofile else ''}{info['cold_compile_s']:.2f} s: "
+          f"passes {info['pass_s']:.2f} s, LLVM {info['kernel_compile_s']:.3f} s, "
+          f"{info['kernels']} kernels")
+    for s in exe.pass_result.stats:
+        print(f"    pass {s.name:<10} {s.seconds * 1e3:9.1f} ms")
+    if use_cprofile:
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(top)
+        st.sort_stats("cumulative").print_stats(top)
+    for _ in range(3):
+        step()
+
+    def median_step(mean: bool = False) -> float:
+        ts = []
+        for _ in range(steps):
+            s = time.perf_counter()
+            step()
+            ts.append(time.perf_counter() - s)
+        return float(np.mean(ts) if mean else np.median(ts))
+
+    wall = median_step()
+    replay = native_replay(exe, steps)
+    step()  # captures each kernel's arguments
+    native = replay() if replay else None
+    # Layer timers: jit's signature lookup, the Executable's checks, the runtime, each
+    # kernel's run (pointers, ranges, native call), the commit.
+    import graphopt.frontend.jit as jit_mod  # noqa: F401
+    t = _Timer()
+    jitted = info["_jitted"]
+    t.wrap(jitted, "_lookup", "jit: flatten + signature + lookup")
+    t.wrap(exe, "_commit", "Executable._commit")
+    t.wrap(exe.program, "run", "LLVMProgram.run")
+    for k in exe.kernels:
+        t.wrap(k, "run", "NativeKernel.run (all kernels)")
+    t.wrap(exe, "run", "Executable.run")
+    timed = median_step(mean=True)
+    per = {k: v / steps for k, v in t.seconds.items()}
+    print(f"=== {case}, {variant}: warm step {wall * 1e3:.2f} ms (median of {steps}, no "
+          f"profiler); with layer timers {timed * 1e3:.2f} ms (mean; the layers below are "
+          f"means too)")
+    if native is not None:
+        print(f"    native kernels alone (replayed, same ranges and threads): "
+              f"{native * 1e3:.2f} ms = {native / wall:.0%} of the step; everything else "
+              f"(Python) {max(0.0, wall - native) * 1e3:.2f} ms")
+    lookup = per["jit: flatten + signature + lookup"]
+    erun, prun = per["Executable.run"], per["LLVMProgram.run"]
+    krun, commit = per["NativeKernel.run (all kernels)"], per["Executable._commit"]
+    rows = [("jit __call__: pytree flatten, leaf_spec per argument, key lookup", lookup),
+            ("Executable.run before the runtime: argument checks (_checked_array), "
+             "param dict", erun - prun - commit),
+            ("LLVMProgram.run outside kernels: stored-roots set, _contiguous per array, env",
+             prun - krun),
+            ("NativeKernel.run: pointers (a.ctypes.data), ctypes array, splits(), call",
+             krun)]
+    if native is not None:
+        rows.append(("  of which native code (replay)", native))
+        rows.append(("  of which Python in NativeKernel.run", krun - native))
+    rows.append(("Executable._commit", commit))
+    rows.append(("rest (JittedFunction.__call__, the timers themselves)", timed - lookup - erun))
+    for label, secs in rows:
+        print(f"    {label:<86} {secs * 1e3:8.2f} ms")
+    if use_cprofile:
+        print(f"=== {case}, {variant}: {steps} steps under cProfile:")
+        prof = cProfile.Profile()
+        prof.enable()
+        for _ in range(steps):
+            step()
+        prof.disable()
+        st = pstats.Stats(prof)
+        st.sort_stats("tottime").print_stats(top)
+        st.sort_stats("cumulative").print_stats(top)
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                 formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--quick", action="store_true", help="small sizes, 1-2 repeats")
+    ap.add_argument("--cases", default=",".join(CASES), help=f"of {','.join(CASES)}")
+    ap.add_argument("--impls", default=",".join(IMPLS), help=f"of {','.join(IMPLS)}")
+    ap.add_argument("--out", default=str(HERE / "results"), help="output directory")
+    ap.add_argument("--profile", metavar="CASE", help="cProfile graphopt's steps on one case")
+    ap.add_argument("--profile-steps", type=int, default=50)
+    ap.add_argument("--no-cprofile", action="store_true",
+                    help="with --profile: timers only (e.g. to run it under py-spy)")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--case", help=argparse.SUPPRESS)
+    ap.add_argument("--warm", action="store_true", help=argparse.SUPPRESS)
+    args = ap.parse_args(argv)
+    if args.worker:
+        worker_main(args)
+        return 0
+    if args.profile:
+        for variant in args.impls.split(",") if args.impls != ",".join(IMPLS) else ["graphopt"]:
+            profile_case(args.profile, args.quick, args.profile_steps, variant.strip(),
+                         use_cprofile=not args.no_cprofile)
+        return 0
+
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    for c in cases:
+        case_shapes(c)  # unknown cases fail here
+    unknown = [i for i in impls if i not in IMPLS]
+    if unknown:
+        ap.error(f"unknown implementation(s) {', '.join(unknown)}; known: {', '.join(IMPLS)}")
+    skipped = {i: why for i in impls if (why := installed(i))}
+    for i, why in skipped.items():
+        print(f"skipping {i}: {why}", flush=True)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    q = ["--quick"] if args.quick else []
+    wall = time.perf_counter()
+    machine = machine_info()
+
+    print("measuring memory bandwidth ...", flush=True)
+    bandwidth = [run_worker(["--worker", "bandwidth", *q])]
+    results: dict[str, dict] = {}
+    cache_root = Path(tempfile.mkdtemp(prefix="graphopt-bench-cache-"))
+    failed = False
+    try:
+        for case in cases:
+            shapes = case_shapes(case, args.quick)
+            results[case] = {"_label": case_label(case, shapes)}
+            reference = reference_sample(shapes)
+            for impl in impls:
+                if impl in skipped:
+                    continue
+                env = dict(os.environ)
+                cache_dir = None
+                if impl in GRAPHOPT_IMPLS:
+                    cache_dir = cache_root / f"{case}-{impl}"  # empty: a cold compile
+                    cache_dir.mkdir(mode=0o700)
+                    env["GRAPHOPT_CACHE_DIR"] = str(cache_dir)
+                s = time.perf_counter()
+                r = run_worker(["--worker", impl, "--case", case, *q], env)
+                if "error" not in r:
+                    got = [np.asarray(x) for x in r.pop("sample")]
+                    r["max_err"] = float(max(np.max(np.abs(a - b)) if a.size else 0.0
+                                             for a, b in zip(got, reference)))
+                    if cache_dir is not None:
+                        r.update({k: v for k, v in run_worker(
+                            ["--worker", impl, "--case", case, "--warm", *q], env).items()
+                            if k not in ("impl", "case")})
+                        if "error" in r:
+                            r = {"error": "warm-cache run: " + r["error"]}
+                if "error" in r:
+                    failed = True
+                    print(f"{case:<6} {impl:<14} ERROR {r['error']}", flush=True)
+                else:
+                    print(f"{case:<6} {impl:<14} {fmt_ms(r['ms']):>9} ms  {r['gbps']:6.1f} GB/s"
+                          f"  ({time.perf_counter() - s:.0f} s)", flush=True)
+                results[case][impl] = r
+                gc.collect()
+    finally:
+        shutil.rmtree(cache_root, ignore_errors=True)
+    bandwidth.append(run_worker(["--worker", "bandwidth", *q]))
+    wall = time.perf_counter() - wall
+
+    text, md = render(results, cases, impls, skipped, bandwidth, machine, args.quick, wall)
+    print()
+    print(text)
+    (out_dir / "adam.md").write_text(md)
+    (out_dir / "adam.json").write_text(json.dumps(
+        {"machine": machine, "quick": args.quick, "wall_s": wall, "bandwidth": bandwidth,
+         "results": results, "skipped": skipped}, indent=1))
+    note = plot(results, cases, impls, out_dir / "adam.png", args.quick)
+    print(f"\nwrote {out_dir / 'adam.md'}, {out_dir / 'adam.json'}"
+          + (f"; {note}" if note else f", {out_dir / 'adam.png'}"))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
