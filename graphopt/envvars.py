@@ -15,6 +15,8 @@
 |                            |             | `llvm` or `interpreter` (numpy, the reference)     |
 | `GRAPHOPT_THREADS`         | (cores)     | threads a large kernel may split over (default:    |
 |                            |             | the machine's cores)                               |
+| `GRAPHOPT_VERIFY`          | `last`      | `each`: jit verifies the graph after every pass,   |
+|                            |             | not only the traced graph and the final one        |
 
 Each switch is read when its function is called, never at import time, so a test can
 monkeypatch the environment and a program can change a switch while it runs. Switches are
@@ -55,6 +57,7 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("GRAPHOPT_LOG", "", "comma-separated log topics printed on stderr: cache"),
     Variable("GRAPHOPT_BACKEND", "llvm", "the backend jit uses when none is given"),
     Variable("GRAPHOPT_THREADS", "", "threads a large kernel may split over (default: cores)"),
+    Variable("GRAPHOPT_VERIFY", "last", "each: verify after every pass in jit too"),
 )}
 
 # Values set in code (set_var, override); they win over os.environ.
@@ -146,6 +149,11 @@ def threads() -> int:
         return max(1, int(text)) if text else cores
     except ValueError:
         raise ValueError(f"GRAPHOPT_THREADS={text!r} is not a number of threads") from None
+
+
+def verify_each() -> bool:
+    """GRAPHOPT_VERIFY=each: verify after every pass, also in jit (slower compiles)."""
+    return get("GRAPHOPT_VERIFY").strip().lower() == "each"
 
 
 def log_topics() -> frozenset[str]:

@@ -20,7 +20,7 @@ from .passes.manager import PipelineResult
 def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
                   fastmath: bool = False, out: TextIO | None = None) -> PipelineResult:
     out = out or sys.stdout
-    result = run(graph, passes, fastmath=fastmath)
+    result = run(graph, passes, fastmath=fastmath, diffs=True)
     for s in result.stats:
         notes = ", ".join(f"{k}={v}" for k, v in s.counters.items() if v)
         print(f"=== {s.name}: {s.nodes_before} -> {s.nodes_after} nodes, "

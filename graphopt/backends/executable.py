@@ -26,7 +26,10 @@ class Executable:
         from .. import passes as pass_manager
         self.fn = fn
         self.traced_graph: Graph = traced.graph  # as traced, before any pass
-        self.pass_result = pass_manager.run(traced.graph, passes, fastmath=fastmath)
+        # The traced graph was verified; the result is verified again after the last pass
+        # (GRAPHOPT_VERIFY=each verifies after every pass, when debugging a pass).
+        self.pass_result = pass_manager.run(traced.graph, passes, fastmath=fastmath,
+                                            verify="last")
         self.graph: Graph = self.pass_result.graph  # what runs
         self.backend_name = backend
         self.program = get_backend(backend).compile(self.graph, fastmath=fastmath, cache=cache)
@@ -92,6 +95,8 @@ class Executable:
             yield v, p._value
 
     def _commit(self, updates: dict[str, np.ndarray]) -> None:
+        if not updates:  # kernels already updated their parameters in place
+            return
         roots = {id(_root(p._value)) for _, p in self.param_inputs}
         # A new value that views a parameter buffer (a swap, a reshape of @p) is copied first,
         # so no commit reads a buffer that an earlier commit already overwrote.

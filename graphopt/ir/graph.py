@@ -10,6 +10,7 @@ Any node may carry `after` edges: pure ordering, no data. The tracer puts them o
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 from dataclasses import dataclass
@@ -38,13 +39,17 @@ class Location:
         return f"loc({json.dumps(os.path.basename(self.file))}:{self.line})"
 
 
+_serials = itertools.count()  # a unique number for every Value and Node ever made
+
+
 class Value:
     """An SSA value: a graph input (kind `param` or `arg`, with a name) or a node's output."""
 
-    __slots__ = ("type", "node", "index", "kind", "name")
+    __slots__ = ("type", "node", "index", "kind", "name", "serial")
 
     def __init__(self, type: Type, node: Node | None = None, index: int = 0,
                  kind: str | None = None, name: str | None = None):
+        self.serial = next(_serials)  # unlike id(), never reused: fingerprints rely on it
         self.type = type
         self.node = node  # the node that defines it; None for graph inputs
         self.index = index
@@ -80,11 +85,12 @@ class Value:
 class Node:
     """One op applied to input Values; defines `outputs`. `after` edges order it, carry no data."""
 
-    __slots__ = ("op", "inputs", "attrs", "after", "outputs", "loc", "body")
+    __slots__ = ("op", "inputs", "attrs", "after", "outputs", "loc", "body", "serial")
 
     def __init__(self, op: str, inputs: Sequence[Value], attrs: dict[str, Any] | None,
                  out_types: Sequence[Type], after: Sequence[Value] = (),
                  loc: Location | None = None, body: Graph | None = None):
+        self.serial = next(_serials)
         self.op = op
         self.inputs = list(inputs)
         self.attrs = dict(attrs or {})

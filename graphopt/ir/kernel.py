@@ -29,7 +29,7 @@ the token.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Sequence
 
 import numpy as np
@@ -69,16 +69,20 @@ class Layout:
     shared: tuple[int, ...]
     body_outputs: int
     has_token: bool
+    per_instance: tuple[int, ...] = ()  # the body inputs that are not shared, in order
+    _slot: dict[int, int] = field(default_factory=dict, repr=False)  # body input -> position
 
-    @property
-    def per_instance(self) -> tuple[int, ...]:
-        return tuple(i for i in range(self.body_inputs) if i not in self.shared)
+    def __post_init__(self) -> None:
+        per = tuple(i for i in range(self.body_inputs) if i not in self.shared)
+        object.__setattr__(self, "per_instance", per)
+        slot = {j: k for k, j in enumerate(per)}
+        slot.update({j: self.instances * len(per) + k for k, j in enumerate(self.shared)})
+        object.__setattr__(self, "_slot", slot)
 
     def operand_index(self, instance: int, body_input: int) -> int:
         """Position in the kernel's inputs of the operand bound to `body_input` in `instance`."""
-        if body_input in self.shared:
-            return self.instances * len(self.per_instance) + self.shared.index(body_input)
-        return instance * len(self.per_instance) + self.per_instance.index(body_input)
+        k = self._slot[body_input]
+        return k if body_input in self.shared else instance * len(self.per_instance) + k
 
     def output_index(self, instance: int, body_output: int) -> int:
         return instance * self.body_outputs + body_output

@@ -40,6 +40,9 @@ def _tensors(op: str, types: Sequence[Type], n: int) -> list[TensorType]:
 
 
 def _broadcast(op: str, types: Sequence[TensorType]) -> tuple[int, ...]:
+    first = types[0].shape
+    if all(t.shape == first for t in types):  # the common case, without numpy's machinery
+        return first
     try:
         return tuple(np.broadcast_shapes(*(t.shape for t in types)))
     except ValueError:

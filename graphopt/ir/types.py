@@ -6,6 +6,7 @@ one JAX and TensorFlow use, so the interpreter can hold and compute bf16 like an
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import ml_dtypes
@@ -82,7 +83,7 @@ class TensorType:
 
     @property
     def size(self) -> int:
-        return int(np.prod(self.shape, dtype=np.int64))
+        return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:

@@ -19,6 +19,7 @@ Each violation raises a VerifyError naming the rule and the node:
 """
 from __future__ import annotations
 
+from collections import Counter
 from typing import Callable
 
 from ..errors import GraphoptError, VerifyError
@@ -107,10 +108,11 @@ def _check_node(node: Node, fail: Fail, region: bool) -> None:
                             f"{node.op} gives {', '.join(map(str, expected))}")
     if node.body is not None:
         targets = written(node)
+        uses = Counter(map(id, node.inputs))
         for v in targets:
             if v.kind != "param":
                 fail("assign-target", node, "a kernel stores only into parameters")
-            if sum(u is v for u in node.inputs) != 1:
+            if uses[id(v)] != 1:
                 fail("kernel-aliasing", node, f"@{v.name} is stored by this kernel, so it must "
                                               f"be exactly one of its operands")
 

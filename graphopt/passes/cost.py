@@ -30,10 +30,16 @@ def node_bytes(node: Node) -> tuple[int, int]:
     return sum(_nbytes(v) for v in node.inputs), sum(_nbytes(v) for v in node.outputs)
 
 
-def graph_bytes(graph: Graph) -> tuple[int, int]:
+def graph_bytes(graph: Graph, memo: dict[int, tuple[int, int]] | None = None) -> tuple[int, int]:
+    """Bytes read and written by one run of the graph. `memo` (node serial -> bytes) lets a
+    caller that asks after every pass count each node once: passes replace nodes, never edit
+    them in ways that change their traffic."""
+    memo = {} if memo is None else memo
     read = written = 0
     for n in graph.nodes:
-        r, w = node_bytes(n)
+        if n.serial not in memo:
+            memo[n.serial] = node_bytes(n)
+        r, w = memo[n.serial]
         read += r
         written += w
     return read, written

@@ -124,12 +124,13 @@ class _Fuser(Grouping):
                 source = self.group.get(id(self.producer.get(n.inputs[1])))
                 if source is None:
                     continue  # nothing fused computes the value: the assign stays as it is
-                reason = self.why_not(source, Group(space, [n]))
+                single = self.detached(space, [n])
+                reason = self.why_not(source, single)
                 if reason:
                     self.ctx.refuse(f"{self.name(n)} {self.names[n.inputs[0]]}", f"stays a "
                                     f"separate assign: {reason}", n.loc)
                 else:
-                    self.merge(source, Group(space, [n]))
+                    self.merge(source, single)
                 continue
             g = self.add(Group(space, [n]))
             for v in n.inputs:

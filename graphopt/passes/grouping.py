@@ -15,6 +15,8 @@ from ..ir.graph import Graph, Node
 class Group:
     space: tuple[int, ...]
     members: list[Node] = field(default_factory=list)
+    ids: set[int] = field(default_factory=set)  # id() of the members, kept by Grouping
+    top: int = -1  # the latest position of a member, kept by Grouping
 
 
 class Grouping:
@@ -25,34 +27,51 @@ class Grouping:
         self.index = {id(n): i for i, n in enumerate(graph.nodes)}
         self.group: dict[int, Group] = {}  # id(node) -> its group
 
+    def detached(self, space: tuple[int, ...], nodes: list[Node]) -> Group:
+        """A group to ask about (why_not, merge) without making its nodes members yet."""
+        g = Group(space, list(nodes))
+        g.ids = {id(n) for n in nodes}
+        g.top = max(self.index[id(n)] for n in nodes)
+        return g
+
     def add(self, g: Group) -> Group:
         for n in g.members:
             self.group[id(n)] = g
+        g.ids = {id(n) for n in g.members}
+        g.top = max(self.index[id(n)] for n in g.members)
         return g
 
     def merge(self, a: Group, b: Group) -> Group:
         a.members = sorted(a.members + b.members, key=lambda n: self.index[id(n)])
-        return self.add(a)
+        for n in b.members:
+            self.group[id(n)] = a
+        a.ids |= b.ids
+        a.top = max(a.top, b.top)
+        return a
 
     def _top(self, n: Node) -> int:
         """The latest position among the members of n's group (n's own if ungrouped): nothing
         earlier than the source's first member can lead to it, and a group counts by its
         latest member, since reaching any member reaches all."""
         g = self.group.get(id(n))
-        return max(self.index[id(m)] for m in g.members) if g is not None else self.index[id(n)]
+        return g.top if g is not None else self.index[id(n)]
 
     def path_leaving(self, src: Group, dst: Group) -> Node | None:
         """The first outside node on a path src -> ... -> dst that leaves both, if any."""
-        inside = {id(n) for n in src.members + dst.members}
-        floor = min(self.index[id(n)] for n in src.members)
+        def inside(m: Node) -> bool:
+            return id(m) in src.ids or id(m) in dst.ids
+
+        floor = self.index[id(src.members[0])]  # members are kept in graph order
+        if dst.top < floor:
+            return None  # dst ends before src begins: nothing of src can reach it
         seen: set[int] = set()
         starts = [self.producer[v] for n in dst.members for v in n.operands()
-                  if v in self.producer and id(self.producer[v]) not in inside]
+                  if v in self.producer and not inside(self.producer[v])]
         for start in starts:
             stack = [start]
             while stack:
                 m = stack.pop()
-                if id(m) in inside:
+                if inside(m):
                     return start
                 if id(m) in seen or self._top(m) < floor:
                     continue

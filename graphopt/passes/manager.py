@@ -12,7 +12,6 @@ After each pass the graph is verified; a pass that breaks a rule is named in the
 from __future__ import annotations
 
 import difflib
-import hashlib
 import re
 import sys
 import time
@@ -133,47 +132,62 @@ def _matches(patterns: str | Iterable[str], name: str) -> bool:
     return any(re.fullmatch(p, name) for p in pats)
 
 
-def fingerprint(graph: Graph) -> str:
-    return hashlib.sha256(graph.format(locs=True).encode()).hexdigest()
+def fingerprint(graph: Graph) -> int:
+    """A fingerprint of the graph's structure: which nodes, reading which values, in which
+    order. Passes replace nodes rather than edit them, so a pass that changed anything changes
+    this (serial numbers, unlike id(), are never reused); it costs one walk, not a printing."""
+    def serials(values):
+        return tuple(v.serial for v in values)
+    return hash((tuple((n.serial, serials(n.inputs), serials(n.after)) for n in graph.nodes),
+                 serials(graph.outputs), serials(graph.effects)))
 
 
 def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         print_before: str | Iterable[str] = (), print_after: str | Iterable[str] = (),
-        print_after_all: bool = False, print_after_change: bool = False, verify: bool = True,
-        fastmath: bool = False, out: TextIO | None = None) -> PipelineResult:
+        print_after_all: bool = False, print_after_change: bool = False,
+        verify: bool | str = True,
+        fastmath: bool = False, diffs: bool = False, out: TextIO | None = None) -> PipelineResult:
     """Run passes on a copy of `graph`. `print_before`/`print_after` take pass names or
-    regular expressions; `print_after_change` prints only after passes that changed the IR."""
+    regular expressions; `print_after_change` prints only after passes that changed the IR;
+    `diffs` keeps a unified diff of the text IR for each pass (explain uses it). `verify`:
+    True verifies after every pass, "last" only the result (what jit does: compile time), False
+    never; GRAPHOPT_VERIFY=each makes every pipeline verify after every pass."""
+    from .. import envvars
+    each = verify is True or envvars.verify_each()
     names = parse_pipeline(pipeline)
     out = out or sys.stdout
     g = graph.clone()
     ctx = PassContext(fastmath=fastmath)
     stats: list[PassStats] = []
-    for name in names:
-        before_text = g.format(locs=True)
+    memo: dict[int, tuple[int, int]] = {}
+    for i, name in enumerate(names):
+        before_text = g.format(locs=True) if diffs else ""
+        before = fingerprint(g)
         if _matches(print_before, name):
-            print(f"# *** IR before {name} ***\n{before_text}", file=out)
+            print(f"# *** IR before {name} ***\n{g.format(locs=True)}", file=out)
         nodes_before, kernels_before = _sizes(g)
         ctx.current = name
         start = time.perf_counter()
         counters = PASSES[name].run(g, ctx) or {}
         seconds = time.perf_counter() - start
-        if verify:
+        if each or (verify == "last" and i == len(names) - 1):
             try:
                 g.verify()
             except VerifyError as e:
                 raise PassError(f"the graph does not verify after pass '{name}' (pipeline "
                                 f"{','.join(names)}): {e}") from e
-        after_text = g.format(locs=True)
-        changed = after_text != before_text
-        diff = "" if not changed else "".join(difflib.unified_diff(
-            before_text.splitlines(True), after_text.splitlines(True),
-            f"before {name}", f"after {name}", n=1))
-        read, written = graph_bytes(g)
+        changed = fingerprint(g) != before
+        diff = ""
+        if diffs and changed:
+            diff = "".join(difflib.unified_diff(
+                before_text.splitlines(True), g.format(locs=True).splitlines(True),
+                f"before {name}", f"after {name}", n=1))
+        read, written = graph_bytes(g, memo)
         stats.append(PassStats(name, seconds, nodes_before, len(g.nodes), kernels_before,
                                _sizes(g)[1], read, written, changed, counters, diff))
         if print_after_all or _matches(print_after, name) or (print_after_change and changed):
-            print(f"# *** IR after {name}{'' if changed else ' (no change)'} ***\n{after_text}",
-                  file=out)
+            print(f"# *** IR after {name}{'' if changed else ' (no change)'} ***\n"
+                  f"{g.format(locs=True)}", file=out)
     return PipelineResult(g, stats, ctx.refusals)
 
 

@@ -13,6 +13,7 @@ Large kernels split their units over the machine's cores; ctypes calls drop the 
 from __future__ import annotations
 
 import ctypes
+import math
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -80,9 +81,13 @@ class NativeKernel:
 
     def splits(self) -> list[tuple[int, int]]:
         """Unit ranges, one per thread; reductions split only at block edges."""
+        n = min(threads(), max(1, self._elements // PARALLEL_MIN_ELEMENTS))
+        if n not in self._splits:
+            self._splits[n] = self._split(n)
+        return self._splits[n]
+
+    def _split(self, n: int) -> list[tuple[int, int]]:
         total = self.abi.total_units
-        elements = sum(int(np.prod(s, dtype=np.int64)) for s in self.node.attrs["spaces"])
-        n = min(threads(), max(1, elements // PARALLEL_MIN_ELEMENTS))
         if n == 1:
             return [(0, total)]
         cuts = [0]
@@ -102,24 +107,40 @@ class NativeKernel:
                                               * inst.block_units)
         return u
 
+    def __post_init__(self) -> None:
+        node = self.node
+        self._has_token = kernel_ir.layout(node).has_token
+        # Where each mapped output goes: (instance, body output) -> a new array per call.
+        self._maps = [(i, k, tuple(space), r.dtype.np_dtype)
+                      for i, space in enumerate(node.attrs["spaces"])
+                      for k, (kind, r) in enumerate(zip(node.attrs["outputs"],
+                                                        node.body.outputs)) if kind == "map"]
+        n = len(node.inputs) + len(self._maps)
+        self._args = (ctypes.c_void_p * max(1, n))()  # the pointer table, reused every call
+        # Parameter buffers never move (steps update them in place), so their pointers are
+        # taken once; `_seen` keeps the array each was taken from, to notice a new buffer.
+        self._persistent = [i for i, v in enumerate(node.inputs) if v.kind == "param"]
+        self._per_call = [i for i, v in enumerate(node.inputs) if v.kind != "param"]
+        self._seen: list[object] = [None] * len(node.inputs)
+        self._elements = sum(math.prod(space) for space in node.attrs["spaces"])
+        self._splits: dict[int, list[tuple[int, int]]] = {}
+
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        node, abi = self.node, self.abi
-        lay = kernel_ir.layout(node)
-        kinds = list(node.attrs["outputs"])
-        maps: list[np.ndarray] = []
-        outs_by_instance: list[list[np.ndarray | None]] = []
-        for space in node.attrs["spaces"]:
-            row: list[np.ndarray | None] = []
-            for kind, r in zip(kinds, node.body.outputs):
-                if kind == "map":
-                    a = np.empty(tuple(space), r.dtype.np_dtype)
-                    maps.append(a)
-                    row.append(a)
-                else:
-                    row.append(None)
-            outs_by_instance.append(row)
-        pointers = [a.ctypes.data for a in arrays] + [a.ctypes.data for a in maps]
-        args = (ctypes.c_void_p * max(1, len(pointers)))(*pointers)
+        abi, args = self.abi, self._args
+        for i in self._persistent:
+            a = arrays[i]
+            if a is not self._seen[i]:
+                self._seen[i] = a
+                args[i] = a.ctypes.data
+        for i in self._per_call:
+            args[i] = arrays[i].ctypes.data
+        rows: list[list[np.ndarray | None]] = [[None] * len(self.node.body.outputs)
+                                               for _ in self.node.attrs["spaces"]]
+        base = len(self.node.inputs)
+        for slot, (i, k, shape, dtype) in enumerate(self._maps):
+            out = rows[i][k] = np.empty(shape, dtype)
+            args[base + slot] = out.ctypes.data
+        outs_by_instance = rows
         n_red = len(abi.reductions)
         partials = np.empty(max(1, abi.total_blocks * n_red), np.float64)
         ranges = self.splits()
@@ -136,7 +157,7 @@ class NativeKernel:
         if n_red:
             self._finish_reductions(partials, outs_by_instance)
         results = [a for row in outs_by_instance for a in row]
-        return results + ([None] if lay.has_token else [])  # type: ignore[list-item]
+        return results + ([None] if self._has_token else [])  # type: ignore[list-item]
 
     def _finish_reductions(self, partials: np.ndarray, rows: list[list]) -> None:
         """Combine the blocks' partial results in order: the same sums on every run."""
@@ -215,6 +236,9 @@ class LLVMProgram:
         self.needs_backup = first_store is not None and any(
             n.op not in ("assign", "depend", "constant") and id(n) not in self.native
             for n in graph.nodes[first_store:])
+        # Views of stored parameters can only come from nodes numpy runs.
+        self.numpy_nodes = any(id(n) not in self.native and n.op != "assign"
+                               for n in graph.nodes)
 
     def listing(self, kind: str = "llvm") -> str:
         """Every compiled kernel as `llvm` (optimised IR), `llvm-raw` (as generated) or `asm`;
@@ -232,7 +256,8 @@ class LLVMProgram:
                                                             dict[str, np.ndarray]]:
         env: dict[Value, object] = dict(inputs)
         updates: dict[str, np.ndarray] = {}
-        stored_roots = {id(_root(inputs[v])) for v in self.stored if v in inputs}
+        stored_roots = {id(_root(inputs[v])) for v in self.stored if v in inputs} \
+            if self.numpy_nodes else set()
         # An output that is a stored parameter itself keeps its value from before the step.
         early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
         backups = {v: inputs[v].copy() for v in self.stored} if self.needs_backup else {}
@@ -255,7 +280,10 @@ class LLVMProgram:
         args = [env[v] for v in node.inputs]
         native = self.native.get(id(node))
         if native is not None:
-            arrays = [self._contiguous(a, v) for a, v in zip(args, node.inputs)]
+            # Graph inputs were checked before the step (parameters are owned, contiguous
+            # buffers; arguments native code reads were checked by the Executable).
+            arrays = [a if v.is_input else self._contiguous(a, v)
+                      for a, v in zip(args, node.inputs)]
             env.update(zip(node.outputs, native.run(arrays)))
             return
         try:
