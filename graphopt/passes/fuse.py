@@ -92,7 +92,7 @@ class _Fuser(Grouping):
     def name(self, n: Node) -> str:
         return f"{self.names[n.outputs[0]]} = {n.op}" if n.outputs else n.op
 
-    def why_not(self, a: Group, b: Group) -> str | None:
+    def why_not(self, a: Group, b: Group, b_is_newest: bool = False) -> str | None:
         """Why groups a and b cannot become one kernel, or None if they can."""
         for x, y in ((a, b), (b, a)):
             done = {id(v) for r in reductions(x) for v in r.outputs}
@@ -107,7 +107,7 @@ class _Fuser(Grouping):
                 return (f"cost: a scalar computation stays out of a kernel over {big}: redoing "
                         f"it for each element costs more than passing its one result")
             return f"iteration spaces differ: {list(a.space)} vs {list(b.space)}"
-        via = self.cycle_via(a, b)
+        via = self.cycle_via(a, b, b_is_newest)
         if via is not None:
             g = self.group.get(id(via))
             what = "the kernel holding " if g is not None and len(g.members) > 1 else ""
@@ -125,7 +125,7 @@ class _Fuser(Grouping):
                 if source is None:
                     continue  # nothing fused computes the value: the assign stays as it is
                 single = self.detached(space, [n])
-                reason = self.why_not(source, single)
+                reason = self.why_not(source, single, b_is_newest=True)
                 if reason:
                     self.ctx.refuse(f"{self.name(n)} {self.names[n.inputs[0]]}", f"stays a "
                                     f"separate assign: {reason}", n.loc)
@@ -137,7 +137,8 @@ class _Fuser(Grouping):
                 pg = self.group.get(id(self.producer.get(v)))
                 if pg is None or pg is g or self.producer[v].op == "constant":
                     continue
-                reason = self.why_not(pg, g)
+                # g is {n} alone until its first merge: then nothing grouped can follow it.
+                reason = self.why_not(pg, g, b_is_newest=len(g.members) == 1)
                 if reason:
                     self.ctx.refuse(f"{self.name(n)} into the kernel of "
                                     f"{self.name(self.producer[v])}", reason, n.loc)

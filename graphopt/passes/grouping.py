@@ -62,9 +62,9 @@ class Grouping:
             return id(m) in src.ids or id(m) in dst.ids
 
         floor = self.index[id(src.members[0])]  # members are kept in graph order
-        if dst.top < floor:
-            return None  # dst ends before src begins: nothing of src can reach it
         seen: set[int] = set()
+        # (dst ending before src begins does not rule a path out: a third group may hold a
+        # node after src and a node before dst, and a group is reached as a whole.)
         starts = [self.producer[v] for n in dst.members for v in n.operands()
                   if v in self.producer and not inside(self.producer[v])]
         for start in starts:
@@ -81,7 +81,10 @@ class Grouping:
                     stack += [self.producer[v] for v in member.operands() if v in self.producer]
         return None
 
-    def cycle_via(self, a: Group, b: Group) -> Node | None:
+    def cycle_via(self, a: Group, b: Group, b_is_newest: bool = False) -> Node | None:
         """An outside node through which a and b depend on each other, if merging them would
-        make a cycle."""
+        make a cycle. `b_is_newest`: b's nodes come after every node grouped so far (groups
+        are being formed in graph order), so no path can lead from b back to a."""
+        if b_is_newest:
+            return self.path_leaving(a, b)
         return self.path_leaving(a, b) or self.path_leaving(b, a)

@@ -57,7 +57,7 @@ def hfuse(graph: Graph, ctx: PassContext) -> dict:
             inside = {id(m) for m in bundle.members}
             direct = next((grouping.producer[v] for v in n.operands() if v in grouping.producer
                            and id(grouping.producer[v]) in inside), None)
-            via = direct or grouping.cycle_via(bundle, alone)
+            via = direct or grouping.cycle_via(bundle, alone, b_is_newest=True)
             if via is None:
                 grouping.merge(bundle, alone)
                 break
