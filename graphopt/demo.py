@@ -21,14 +21,16 @@ SHAPES = {"fc1.w": (64, 32), "fc1.b": (32,), "fc2.w": (32, 10), "fc2.b": (10,)}
 BETA1, BETA2, EPS = 0.9, 0.999, 1e-8
 
 
-def make_params(rng: np.random.Generator) -> tuple[dict, dict, dict, go.Parameter]:
-    weights = {n: go.Parameter(rng.standard_normal(s).astype(np.float32) * 0.1, name=n)
-               for n, s in SHAPES.items()}
-    exp_avg = {n: go.Parameter(np.zeros(s, np.float32), name=f"{n}.exp_avg")
-               for n, s in SHAPES.items()}
-    exp_avg_sq = {n: go.Parameter(np.zeros(s, np.float32), name=f"{n}.exp_avg_sq")
-                  for n, s in SHAPES.items()}
-    step = go.Parameter(np.zeros((), np.float32), name="step")
+def make_params(rng: np.random.Generator, shapes: dict = SHAPES,
+                prefix: str = "") -> tuple[dict, dict, dict, go.Parameter]:
+    """Weights (named `prefix + name`), Adam's two moments for each, and a step counter."""
+    weights = {n: go.Parameter(rng.standard_normal(s).astype(np.float32) * 0.1,
+                               name=f"{prefix}{n}") for n, s in shapes.items()}
+    exp_avg = {n: go.Parameter(np.zeros(s, np.float32), name=f"{prefix}{n}.exp_avg")
+               for n, s in shapes.items()}
+    exp_avg_sq = {n: go.Parameter(np.zeros(s, np.float32), name=f"{prefix}{n}.exp_avg_sq")
+                  for n, s in shapes.items()}
+    step = go.Parameter(np.zeros((), np.float32), name=f"{prefix}step")
     return weights, exp_avg, exp_avg_sq, step
 
 
@@ -66,13 +68,7 @@ def speed(rng: np.random.Generator, elements: int = 1 << 23, repeats: int = 5) -
     """The same step over 8M elements: compiled, and numpy as a user would write it."""
     shapes = {"a": (elements // 2,), "b": (elements // 4,), "c": (elements // 8,),
               "d": (elements // 8,)}
-    weights = {n: go.Parameter(rng.standard_normal(s).astype(np.float32), name=f"big.{n}")
-               for n, s in shapes.items()}
-    m = {n: go.Parameter(np.zeros(s, np.float32), name=f"big.{n}.exp_avg")
-         for n, s in shapes.items()}
-    v = {n: go.Parameter(np.zeros(s, np.float32), name=f"big.{n}.exp_avg_sq")
-         for n, s in shapes.items()}
-    t = go.Parameter(np.zeros((), np.float32), name="big.step")
+    weights, m, v, t = make_params(rng, shapes, prefix="big.")
     grads = {n: rng.standard_normal(s).astype(np.float32) for n, s in shapes.items()}
     state = {n: (weights[n].numpy(), m[n].numpy(), v[n].numpy()) for n in shapes}
     timings = {}

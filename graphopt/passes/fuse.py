@@ -32,14 +32,13 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..ir.analysis import toposort
 from ..ir.graph import Graph, Node, Value
 from ..ir import kernel as kernel_ir
 from ..ir.kernel import infer_types
 from ..ir.printer import value_names
 from ..ir.registry import ELEMENTWISE
 from ..ir.types import TensorType
-from .grouping import Group, Grouping
+from .grouping import Group, Grouping, install
 from .manager import PassContext, register
 
 REDUCE_OPS = ("sum", "max", "mean")
@@ -284,17 +283,7 @@ class _Fuser(Grouping):
                 kernel_of[id(n)] = k
             # An after edge to a value that no longer exists waits for the whole kernel.
             mapping.update((v, k.outputs[0]) for v in absorbed)
-        nodes, placed = [], set()
-        for n in self.graph.nodes:
-            k = kernel_of.get(id(n))
-            if k is None:
-                nodes.append(n)
-            elif id(k) not in placed:
-                placed.add(id(k))
-                nodes.append(k)
-        self.graph.nodes = nodes
-        self.graph.remap(mapping)
-        toposort(self.graph)
+        install(self.graph, kernel_of, mapping)
         return len(groups)
 
 

@@ -8,8 +8,8 @@ path that reaches any member of a group reaches all of them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from ..ir.analysis import producers
-from ..ir.graph import Graph, Node
+from ..ir.analysis import producers, toposort
+from ..ir.graph import Graph, Node, Value
 
 @dataclass(eq=False)
 class Group:
@@ -88,3 +88,19 @@ class Grouping:
         if b_is_newest:
             return self.path_leaving(a, b)
         return self.path_leaving(a, b) or self.path_leaving(b, a)
+
+
+def install(graph: Graph, replaced: dict[int, Node], mapping: dict[Value, Value]) -> None:
+    """Put each new node where the first node it replaces stood (replaced: id(old) -> new),
+    make readers read the new values (mapping), and restore a topological order."""
+    nodes, placed = [], set()
+    for n in graph.nodes:
+        new = replaced.get(id(n))
+        if new is None:
+            nodes.append(n)
+        elif id(new) not in placed:
+            placed.add(id(new))
+            nodes.append(new)
+    graph.nodes = nodes
+    graph.remap(mapping)
+    toposort(graph)

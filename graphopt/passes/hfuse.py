@@ -17,11 +17,10 @@ parameters. Kernels are combined when
 """
 from __future__ import annotations
 
-from ..ir.analysis import toposort
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel import infer_types, layout
 from ..ir.printer import format_graph, value_names
-from .grouping import Group, Grouping
+from .grouping import Group, Grouping, install
 from .manager import PassContext, register
 
 
@@ -84,17 +83,7 @@ def hfuse(graph: Graph, ctx: PassContext) -> dict:
                     mapping[old.outputs[j]] = k.outputs[lay.output_index(i, j)]
                 if lay.has_token:
                     mapping[old.outputs[-1]] = k.outputs[-1]
-    nodes, placed = [], set()
-    for n in graph.nodes:
-        k = replaced.get(id(n))
-        if k is None:
-            nodes.append(n)
-        elif id(k) not in placed:
-            placed.add(id(k))
-            nodes.append(k)
-    graph.nodes = nodes
-    graph.remap(mapping)
-    toposort(graph)
+    install(graph, replaced, mapping)
     return {"multi_tensor_kernels": made,
             "kernels_mapped": sum(1 for _ in replaced)}
 
