@@ -121,11 +121,13 @@ def _checked_array(leaf: Any, t: TensorType, path: str, native: bool = False) ->
     if a.shape != t.shape or a.dtype != t.dtype.np_dtype:
         raise SignatureError(f"argument '{path}' is {a.dtype}{list(a.shape)}, but this step was "
                              f"compiled for {t}")
-    if native and a.ndim and not a.flags.c_contiguous:
-        raise SignatureError(f"argument '{path}' is not C-contiguous (a transposed or sliced "
-                             f"view?); native kernels read contiguous buffers: pass "
-                             f"np.ascontiguousarray(...)")
-    if native and a.ctypes.data % a.dtype.alignment:
-        raise SignatureError(f"argument '{path}' is not aligned to its {a.dtype.alignment}-byte "
-                             f"dtype; pass a copy (np.array(...))")
+    if native:
+        flags = a.flags
+        if a.ndim and not flags.c_contiguous:
+            raise SignatureError(f"argument '{path}' is not C-contiguous (a transposed or "
+                                 f"sliced view?); native kernels read contiguous buffers: pass "
+                                 f"np.ascontiguousarray(...)")
+        if not flags.aligned:  # numpy's own test: the address is a multiple of the alignment
+            raise SignatureError(f"argument '{path}' is not aligned to its "
+                                 f"{a.dtype.alignment}-byte dtype; pass a copy (np.array(...))")
     return a

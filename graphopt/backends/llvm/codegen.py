@@ -19,6 +19,7 @@ every run, however many threads ran it.
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import math
 from dataclasses import dataclass
@@ -65,11 +66,11 @@ class KernelABI:
     reductions: tuple[str, ...]  # kind of each reduced output, in body-output order
     has_token: bool
 
-    @property
+    @functools.cached_property
     def total_units(self) -> int:
         return sum(i.units for i in self.instances)
 
-    @property
+    @functools.cached_property
     def total_blocks(self) -> int:
         return sum(i.blocks for i in self.instances)
 
