@@ -19,10 +19,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import AssignError, GraphoptError, OpTypeError, ParameterError, SignatureError
-from ..ir.analysis import producers, unordered_readers
+from ..ir.analysis import producers, toposort, unordered_readers
 from ..ir.graph import Graph, Location, Value
 from ..ir.opdefs import constant_value
-from ..ir.registry import ELEMENTWISE, evaluate, get_op
+from ..ir.registry import ELEMENTWISE, OpDef, evaluate, get_op
 from ..ir.types import DType, TensorType, bool_, f32, f64, i64, to_dtype, type_of_array
 from . import pytree
 from .parameter import Parameter
@@ -58,11 +58,38 @@ class Trace:
         self.param_inputs: dict[int, Value] = {}  # id(Parameter) -> its @name input
         self.params: dict[str, Parameter] = {}  # name -> Parameter
         self.assigned: dict[int, tuple[Parameter, Value, Location | None]] = {}
+        # Kernels made by hypermap (frontend/hypermap.py), and the parameters they update:
+        # id(Parameter) -> (kernel node, role, instance).
+        self.maps: list = []
+        self.map_writes: dict[int, tuple] = {}
 
     def read_param(self, p: Parameter) -> Value:
         if id(p) in self.assigned:
             return self.assigned[id(p)][1]  # read after assign: the new value
+        if id(p) in self.map_writes:  # read after a mapped update: that kernel's new value
+            from .hypermap import new_value
+            return new_value(*self.map_writes[id(p)])
         return self.read_input(p)
+
+    # -- hooks a map trace (frontend/hypermap.py) overrides --------------------------------
+    def param_type(self, p: Parameter) -> TensorType:
+        """The type a value assigned to p must have."""
+        return p.type
+
+    def record_assign(self, p: Parameter, v: Value, loc: Location | None) -> None:
+        if id(p) in self.map_writes:
+            raise AssignError(f"assign to {p.name}: a mapped update (an optimizer step) already "
+                              f"wrote it in this step", loc=loc)
+        self.read_input(p)  # the parameter is an input of the graph even if never read
+        self.assigned[id(p)] = (p, v, loc)
+
+    def foreign(self, x: TracedTensor) -> Value:
+        """A traced tensor of another trace used here: an error, except in a map trace."""
+        raise GraphoptError("a traced tensor was used outside the trace that made it (did a "
+                            "value escape a jitted function?)", loc=user_location())
+
+    def check_op(self, op: OpDef, loc: Location | None) -> None:
+        """An op about to be traced here (a map trace accepts elementwise ops only)."""
 
     def finish(self, outputs: list[Value]) -> Graph:
         """Emit one assign per assigned parameter, ordered after the readers of @p."""
@@ -93,6 +120,15 @@ class Trace:
             node = g.add_node("assign", [target, value], loc=loc,
                               after=[r.outputs[0] for r in late])
             g.effects.append(node.out)
+        for node in self.maps:  # a mapped update waits for every other reader of what it writes
+            targets = {self.param_inputs[k] for k, (n, *_) in self.map_writes.items() if n is node}
+            late = [r for t in targets for r in unordered_readers(
+                node.operands(), [x for x in readers.get(t, []) if x is not node], producer,
+                index)]
+            node.after += [r.outputs[0] for r in dict.fromkeys(late)]
+            g.effects.append(node.outputs[-1])
+        if self.maps:  # a mapped update's new after edges may point past it
+            toposort(g)
         return g
 
     def read_input(self, p: Parameter) -> Value:
@@ -141,13 +177,18 @@ class _Operand:
 
 def _operand(x: Any, trace: Trace | None) -> _Operand:
     if isinstance(x, TracedTensor):
-        if trace is None or x.trace is not trace:
+        if trace is None:
             raise GraphoptError("a traced tensor was used outside the trace that made it (did a "
                                 "value escape a jitted function?)", loc=user_location())
+        if x.trace is not trace:
+            v = trace.foreign(x)
+            return _Operand(v, v.type, x.weak)
         return _Operand(x.value, x.type, x.weak)
     if isinstance(x, Parameter):
-        return _Operand(trace.read_param(x), x.type, False) if trace else \
-            _Operand(x._value, x.type, False)
+        if trace is None:
+            return _Operand(x._value, x.type, False)
+        v = trace.read_param(x)  # in a map trace: one element of it
+        return _Operand(v, v.type, False)
     if isinstance(x, EagerTensor):
         x = x.array
     if _py_kind(x) is not None:
@@ -204,6 +245,8 @@ def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = No
     attrs = dict(attrs or {})
     loc = user_location()
     trace = current_trace()
+    if trace is not None:
+        trace.check_op(op, loc)
     ops_in = [_operand(x, trace) for x in operands]
     weak_result = op.category == ELEMENTWISE and bool(ops_in) and all(o.weak for o in ops_in)
     _resolve_weak(opname, ops_in, loc)
@@ -238,24 +281,24 @@ def assign(param: Parameter, value: Any) -> None:
         raise AssignError(f"assign needs a graphopt.Parameter as its target, got "
                           f"{type(param).__name__}", loc=loc)
     trace = current_trace()
+    want = trace.param_type(param) if trace is not None else param.type
     o = _operand(value, trace)
     if o.weak and o.type is None:  # a Python scalar fills the parameter
         kind = _py_kind(o.payload)
         if not _fits(kind, param.dtype):
             raise AssignError(f"assign to {param.name}: a Python {kind.__name__} cannot be "
                               f"stored in a {param.dtype} parameter", loc=loc)
-        o.type = TensorType(param.shape, param.dtype)
-    elif o.weak and o.type.dtype != param.dtype and o.type.shape == param.shape:
-        o.payload, o.type = _cast(o, param.dtype, loc), TensorType(o.type.shape, param.dtype)
-    if o.type != param.type:
+        o.type = want
+    elif o.weak and o.type.dtype != param.dtype and o.type.shape == want.shape:
+        o.payload, o.type = _cast(o, param.dtype, loc), want
+    if o.type != want:
         raise AssignError(f"assign to {param.name}: the value is {o.type} but the parameter is "
-                          f"{param.type}", loc=loc)
+                          f"{want}", loc=loc)
     if trace is None:
         np.copyto(param._value, np.asarray(o.payload, dtype=param.dtype.np_dtype))
         return
     v = o.payload if isinstance(o.payload, Value) else _constant(trace, o.payload, o.type, loc)
-    trace.read_input(param)  # the parameter is an input of the graph even if never read
-    trace.assigned[id(param)] = (param, v, loc)
+    trace.record_assign(param, v, loc)
 
 
 def depend(x: Any, *after: Any) -> Tensor:

@@ -38,7 +38,9 @@ import numpy as np
 from .. import ops
 from ..errors import OptimizerError
 from ..frontend import Parameter, assign
+from ..frontend.hypermap import MapUnsupported, hypermap
 from ..frontend.tensor import Tensor
+from ..frontend.tracer import current_trace
 from ..ir.types import DType, TensorType, bf16, bool_, f16, f32, f64, to_dtype
 from .groups import Option, ParamGroup, as_group_dicts, check_parameters, flag
 
@@ -198,12 +200,46 @@ class Optimizer:
             for group in self.param_groups:
                 values = self.scalars(group, Hyper(group, t, done))
                 casts: dict[DType, Scalars] = {}
-                for slot in (s for s in self._slots if s.group is group):
-                    c = casts.setdefault(slot.compute, Scalars(values, slot.compute))
-                    self.update(slot, self._gradient(slot, by_param[slot.param.name]), c)
+                for batch in self._batches(group):
+                    if self._map(batch, values, by_param):
+                        continue
+                    for slot in batch:
+                        c = casts.setdefault(slot.compute, Scalars(values, slot.compute))
+                        self.update(slot, self._gradient(slot, by_param[slot.param.name]), c)
             self._write(self.step_count, new_count)
         finally:
             self._apply = None
+
+    def _batches(self, group: ParamGroup) -> list[list[Slot]]:
+        """The group's parameters in batches one update rule can be mapped over: the same
+        dtypes and the same state (shapes may differ)."""
+        batches: dict[tuple, list[Slot]] = {}
+        for s in (s for s in self._slots if s.group is group):
+            key = (s.param.dtype, s.compute, tuple((k, p.dtype) for k, p in s.state.items()))
+            batches.setdefault(key, []).append(s)
+        return list(batches.values())
+
+    def _map(self, batch: list[Slot], values: Mapping[str, Any],
+             by_param: Mapping[str, Any]) -> bool:
+        """Under jit, trace the update of the batch's first parameter once and map it over
+        all of them: one multi-tensor kernel, whatever the number of parameters (see
+        frontend/hypermap.py). False (nothing traced) where the rule does not map: a rule
+        with a norm (LAMB), gradients that are not traced tensors, a single parameter."""
+        if len(batch) < 2 or current_trace() is None:
+            return False
+        first = batch[0]
+
+        def rule() -> None:  # a Scalars of its own: its casts belong to the mapped body
+            g = self._gradient(first, by_param[first.param.name])
+            self.update(first, g, Scalars(values, first.compute))
+
+        instances = [{"param": s.param, "grad": by_param[s.param.name],
+                      **{("state", k): p for k, p in s.state.items()}} for s in batch]
+        try:
+            hypermap(rule, instances)
+        except MapUnsupported:
+            return False
+        return True
 
     def _gradient(self, slot: Slot, g: Any) -> Tensor:
         g = as_dtype(g, slot.compute)

@@ -36,7 +36,14 @@ def test_hyper_parameters_are_f64_parameters_the_graph_reads():
     opt = optim.SGD(params, lr=0.1, momentum=0.9, name="sgd")
     text = str(go.trace(opt.step, grads[0]))
     assert "param @sgd.group0.lr: f64[]" in text and "param @sgd.group0.momentum: f64[]" in text
-    assert "cast @sgd.group0.lr {dtype=f32}" in text  # rounded once, where it meets f32
+    # Rounded where it meets f32: inside the update mapped over both parameters (hypermap),
+    # which reads @sgd.group0.lr as an operand every parameter shares.
+    kernel = next(n for n in go.trace(opt.step, grads[0]).nodes if n.op == "kernel")
+    lr = kernel.inputs.index(next(v for v in kernel.inputs if v.name == "sgd.group0.lr"))
+    x = kernel.body.inputs[kernel.attrs["shared"][lr - len(kernel.inputs) +
+                                                 len(kernel.attrs["shared"])]]
+    assert any(n.op == "cast" and n.inputs == [x] and n.attrs["dtype"] == go.f32
+               for n in kernel.body.nodes)
 
 
 def test_groups_have_their_own_hyper_parameters_and_state_names():

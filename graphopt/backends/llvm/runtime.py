@@ -25,7 +25,7 @@ from ... import envvars
 from ...errors import ExecutionError, GraphoptError
 from ...ir import kernel as kernel_ir
 from ...ir.graph import Graph, Node, Value
-from ...ir.registry import evaluate
+from ...ir.registry import ELEMENTWISE, LINALG, REDUCTION, SHAPE, evaluate
 from .codegen import KernelABI, canonical_text, flags, generate
 from .emitter import LoweringError
 from . import engine
@@ -234,8 +234,7 @@ class LLVMProgram:
         first_store = next((i for i, n in enumerate(graph.nodes)
                             if id(n) in self.native and kernel_ir.written(n)), None)
         self.needs_backup = first_store is not None and any(
-            n.op not in ("assign", "depend", "constant") and id(n) not in self.native
-            for n in graph.nodes[first_store:])
+            id(n) not in self.native and may_fail(n) for n in graph.nodes[first_store:])
         # Views of stored parameters can only come from nodes numpy runs.
         self.numpy_nodes = any(id(n) not in self.native and n.op != "assign"
                                for n in graph.nodes)
@@ -313,6 +312,16 @@ class LLVMProgram:
             a = np.ascontiguousarray(a, dtype=v.dtype.np_dtype)
         assert a.shape == v.shape, (a.shape, v.shape)
         return a
+
+
+def may_fail(node: Node) -> bool:
+    """Whether numpy could raise while running this node of a verified graph: types and
+    shapes were checked, and float errors give inf or NaN, not exceptions; what is left is
+    integers to negative powers, indices out of range, and kernels that numpy runs."""
+    if node.op in ("assign", "depend", "constant") or node.body is None and \
+            node.opdef.category in (ELEMENTWISE, SHAPE, REDUCTION, LINALG):
+        return node.op == "power" and not node.outputs[0].dtype.is_float
+    return True
 
 
 def compile(graph: Graph, *, fastmath: bool = False, cache: bool = True) -> LLVMProgram:

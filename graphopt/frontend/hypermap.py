@@ -1,0 +1,202 @@
+"""hypermap: trace one update rule once and map it over many tensors (MindSpore's HyperMap).
+
+An optimizer applies the same rule to each of its parameters. Traced parameter by parameter,
+a step over 1,000 parameters is 1,000 copies of the rule: a graph of tens of thousands of
+nodes that the passes later fuse back into one multi-tensor kernel. `hypermap` goes there
+directly: it runs the rule once, on one *element* of the first instance's tensors, and makes
+the multi-tensor kernel (ir/kernel.py) that applies that body to every instance:
+
+    hypermap(lambda: rule(slot0, grad0), [{"p": p0, "m": m0, "g": g0}, {"p": p1, ...}, ...])
+
+Each instance is a dict from a *role* to a Parameter or a traced tensor; the rule is traced
+with the first instance's objects, and wherever it touches one of them, the body reads the
+role instead. Other tensors it uses must be scalars (a learning rate, a bias correction): they
+become operands every instance shares. An `assign` to a role's Parameter becomes a store of
+the kernel, an in-place update. A rule that uses anything but elementwise ops (a norm, a
+matmul), or instances whose tensors do not line up, raise MapUnsupported, and the caller
+traces tensor by tensor instead; nothing was added to the graph.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Hashable
+
+from ..errors import GraphoptError
+from ..ir.graph import Graph, Location, Node, Value
+from ..ir.kernel import infer_types
+from ..ir.registry import CONSTANT, ELEMENTWISE, OpDef
+from ..ir.types import TensorType
+from . import tracer
+from .parameter import Parameter
+from .tensor import Tensor, TracedTensor
+
+
+def _scalar_ops() -> frozenset[str]:
+    from ..ir.registry import REGISTRY
+    return frozenset(name for name, op in REGISTRY.items() if op.category in (ELEMENTWISE,
+                                                                              CONSTANT))
+
+
+class MapUnsupported(GraphoptError):
+    """The rule or the instances do not fit one multi-tensor kernel."""
+
+
+class MapTrace(tracer.Trace):
+    """The trace of one element of the rule: a kernel body."""
+
+    def __init__(self, parent: tracer.Trace, roles: dict[int, Hashable]):
+        super().__init__("kernel")
+        self.parent = parent
+        self.roles = roles  # id(first instance's object) -> role
+        self.inputs: list[tuple[str, Any]] = []  # ("role", role) or ("shared", outer Value)
+        self.by_key: dict[Any, Value] = {}
+        self.stores: dict[Hashable, tuple[Value, Location | None]] = {}
+
+    def _input(self, key: tuple[str, Any], t: TensorType) -> Value:
+        if key not in self.by_key:
+            self.inputs.append(key)
+            self.by_key[key] = self.graph.add_input("arg", f"x{len(self.inputs) - 1}",
+                                                    TensorType((), t.dtype))
+        return self.by_key[key]
+
+    def read_param(self, p: Parameter) -> Value:
+        role = self.roles.get(id(p))
+        if role is None:  # a Parameter of no instance: a scalar every instance shares
+            if p.shape != ():
+                raise MapUnsupported(f"the rule reads {p.name}, which is no instance's")
+            return self._input(("shared", self.parent.read_param(p)), p.type)
+        if role in self.stores:
+            return self.stores[role][0]  # read after assign: the new value
+        return self._input(("role", role), p.type)
+
+    def param_type(self, p: Parameter) -> TensorType:
+        return TensorType((), p.dtype)
+
+    def record_assign(self, p: Parameter, v: Value, loc: Location | None) -> None:
+        role = self.roles.get(id(p))
+        if role is None:
+            raise MapUnsupported(f"the rule assigns {p.name}, which is no instance's")
+        self._input(("role", role), p.type)  # the kernel's in/out operand
+        self.stores[role] = (v, loc)
+
+    def foreign(self, x: TracedTensor) -> Value:
+        role = self.roles.get(id(x))
+        if role is not None:
+            return self._input(("role", role), x.type)
+        if x.trace is not self.parent or x.shape != ():
+            raise MapUnsupported(f"the rule uses a {x.type} tensor that is no instance's")
+        return self._scalar(x.value)
+
+    def _scalar(self, v: Value) -> Value:
+        """An outer scalar in the body: its computation copied in when it is elementwise over
+        scalars (loop-invariant: the compiled loop does it once), else a shared operand.
+        Every kernel then reads the step's few scalar inputs, not values made elsewhere."""
+        if ("copy", v) in self.by_key:
+            return self.by_key[("copy", v)]
+        n = v.node
+        if n is None or n.after or n.op not in _SCALAR_OPS or \
+                any(x.shape != () for x in n.inputs):
+            return self._input(("shared", v), v.type)
+        if n.op == "constant":
+            out = self.graph.add_node("constant", [], n.attrs, loc=n.loc).out
+        else:
+            out = self.graph.add_node(n.op, [self._scalar(x) for x in n.inputs], n.attrs,
+                                      loc=n.loc).out
+        self.by_key[("copy", v)] = out
+        return out
+
+    def check_op(self, op: OpDef, loc: Location | None) -> None:
+        if op.category not in (ELEMENTWISE, CONSTANT):
+            raise MapUnsupported(f"{op.name} is not elementwise", loc=loc)
+
+
+_SCALAR_OPS = _scalar_ops()
+
+
+def hypermap(rule: Callable[[], Any], instances: list[dict[Hashable, Any]]) -> Node:
+    """Trace `rule` once (on the first instance) and add the multi-tensor kernel that applies
+    it to every instance to the current trace; see the module docstring."""
+    parent = tracer.current_trace()
+    assert parent is not None and not isinstance(parent, MapTrace), "hypermap needs a trace"
+    first = instances[0]
+    roles = {id(obj): role for role, obj in first.items()}
+    mt = MapTrace(parent, roles)
+    tracer._TRACES.append(mt)
+    try:
+        rule()
+    finally:
+        tracer._TRACES.pop()
+    body = mt.graph
+    body.effects = [body.add_node("store", [mt.by_key[("role", role)], value], loc=loc).out
+                    for role, (value, loc) in mt.stores.items()]
+    operands, spaces = _bind(parent, mt, instances)
+    shared = [j for j, (kind, _) in enumerate(mt.inputs) if kind == "shared"]
+    per = [j for j in range(len(mt.inputs)) if j not in shared]
+    inputs = [row[j] for row in operands for j in per] + \
+        [mt.inputs[j][1] for j in shared]
+    node = Node("kernel", inputs, {"spaces": spaces, "outputs": [], "shared": shared}, [],
+                body=body)
+    node.outputs = [Value(t, node, i) for i, t in enumerate(infer_types(node))]
+    parent.graph.nodes.append(node)
+    parent.maps.append(node)
+    for k, instance in enumerate(instances):
+        for role in mt.stores:
+            parent.map_writes[id(instance[role])] = (node, mt.inputs.index(("role", role)), k)
+    return node
+
+
+def _bind(parent: tracer.Trace, mt: MapTrace, instances: list[dict[Hashable, Any]]
+          ) -> tuple[list[list[Value]], list[list[int]]]:
+    """Each instance's operand for each role the body reads, and each instance's space."""
+    operands, spaces = [], []
+    for instance in instances:
+        row: list[Value] = []
+        space = None
+        for kind, key in mt.inputs:
+            if kind == "shared":
+                row.append(key)
+                continue
+            obj = instance.get(key)
+            if isinstance(obj, Parameter):
+                if id(obj) in parent.assigned or id(obj) in parent.map_writes:
+                    raise MapUnsupported(f"{obj.name} was already assigned in this step")
+                v = parent.read_input(obj)
+            elif isinstance(obj, TracedTensor) and obj.trace is parent:
+                v = obj.value
+            else:
+                raise MapUnsupported(f"role {key!r} is not a Parameter or a traced tensor")
+            if v.dtype != mt.by_key[(kind, key)].dtype or (space is not None and
+                                                          v.shape != space):
+                raise MapUnsupported(f"role {key!r} does not line up with the others")
+            space = v.shape
+            row.append(v)
+        if space is None:
+            raise MapUnsupported("the rule reads no tensor of an instance")
+        operands.append(row)
+        spaces.append(list(space))
+    return operands, spaces
+
+
+def new_value(node: Node, body_input: int, instance: int) -> Value:
+    """The new value a mapped update gave one instance's Parameter (the one bound to
+    `body_input`), for a read after it: the kernel gets a mapped output for it, for every
+    instance (they share one body)."""
+    body = node.body
+    store = next(n for n in body.nodes
+                 if n.op == "store" and n.inputs[0] is body.inputs[body_input])
+    value = store.inputs[1]
+    if value not in body.outputs:
+        body.outputs.append(value)
+        node.attrs["outputs"] = list(node.attrs["outputs"]) + ["map"]
+        token = node.outputs[-1]
+        per = len(body.outputs) - 1
+        old = node.outputs[:-1]
+        node.outputs = []
+        for i, space in enumerate(node.attrs["spaces"]):
+            node.outputs += old[i * per:(i + 1) * per]
+            node.outputs.append(Value(TensorType(tuple(space), value.dtype), node))
+        node.outputs.append(token)
+        for i, v in enumerate(node.outputs):
+            v.index = i
+    k = body.outputs.index(value)
+    return node.outputs[instance * len(body.outputs) + k]
+
