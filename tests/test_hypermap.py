@@ -98,3 +98,32 @@ def test_a_thousand_parameters_make_a_graph_of_a_few_nodes():
     exe = go.jit(optim.Adam(ps, lr=1e-3).step, cache=False).lower(grads[0])
     assert len(exe.traced_graph.nodes) < 30 and len(exe.graph.nodes) < 20
     assert [len(k.node.attrs["spaces"]) for k in exe.kernels].count(1000) == 1
+
+
+def test_a_clipped_gradient_is_computed_inside_the_mapped_update():
+    """clip_grad_norm scales every gradient by one scalar; that multiply is copied into the
+    update's body, so the kernel reads the raw gradients once and writes nothing else."""
+    def run(mode):
+        ps, grads = params_and_grads(8)
+        opt = optim.Adam(ps, lr=1e-2)
+
+        def step(g):
+            clipped, norm = optim.clip_grad_norm(g, max_norm=1.0)
+            opt.step(clipped)
+            return norm
+
+        fn = go.jit(step, backend="interpreter") if mode == "jit" else step
+        for g in grads:
+            fn(g)
+        return [p.numpy() for p in ps], go.trace(step, grads[0]), grads
+
+    jit_params, traced, grads = run("jit")
+    graph = go.passes.run(traced).graph
+    (update,) = [n for n in graph.nodes if n.op == "kernel" and n.body.effects
+                 and len(n.attrs["spaces"]) == 8]
+    assert sum(v in set(graph.args) for v in update.inputs) == 8  # the raw gradients
+    from graphopt.ir.kernel import cost
+    assert cost(update).bytes_per_element == 28
+    eager_params, _, _ = run("eager")  # parameter by parameter, op by op
+    for a, b in zip(jit_params, eager_params):
+        assert a.tobytes() == b.tobytes()

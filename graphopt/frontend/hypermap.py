@@ -50,6 +50,8 @@ class MapTrace(tracer.Trace):
         self.inputs: list[tuple[str, Any]] = []  # ("role", role) or ("shared", outer Value)
         self.by_key: dict[Any, Value] = {}
         self.stores: dict[Hashable, tuple[Value, Location | None]] = {}
+        self.chain: dict[tuple, tuple[str, dict, int]] = {}  # path -> (op, attrs, inputs)
+        self._readers: dict[Value, int] | None = None
 
     def _input(self, key: tuple[str, Any], t: TensorType) -> Value:
         if key not in self.by_key:
@@ -66,7 +68,7 @@ class MapTrace(tracer.Trace):
             return self._input(("shared", self.parent.read_param(p)), p.type)
         if role in self.stores:
             return self.stores[role][0]  # read after assign: the new value
-        return self._input(("role", role), p.type)
+        return self._input(("role", (role,)), p.type)
 
     def param_type(self, p: Parameter) -> TensorType:
         return TensorType((), p.dtype)
@@ -75,16 +77,47 @@ class MapTrace(tracer.Trace):
         role = self.roles.get(id(p))
         if role is None:
             raise MapUnsupported(f"the rule assigns {p.name}, which is no instance's")
-        self._input(("role", role), p.type)  # the kernel's in/out operand
+        self._input(("role", (role,)), p.type)  # the kernel's in/out operand
         self.stores[role] = (v, loc)
 
     def foreign(self, x: TracedTensor) -> Value:
         role = self.roles.get(id(x))
         if role is not None:
-            return self._input(("role", role), x.type)
+            return self._tensor(x.value, (role,))
         if x.trace is not self.parent or x.shape != ():
             raise MapUnsupported(f"the rule uses a {x.type} tensor that is no instance's")
         return self._scalar(x.value)
+
+    def _tensor(self, v: Value, path: tuple) -> Value:
+        """An instance's tensor in the body. When it is made by elementwise ops over tensors
+        of its shape (a gradient scaled by clipping or unscaled by loss scaling) and nothing
+        else has read it yet, that computation is copied into the body, as fusion would have
+        done: the kernel then reads the tensors it was made from. `path` says where v sits
+        under the role's tensor (the input positions walked), so every instance can be
+        bound the same way; the op met at each step is kept in `chain`."""
+        if ("copy", path) in self.by_key:
+            return self.by_key[("copy", path)]
+        n = v.node
+        if n is None or n.after or n.op not in _SCALAR_OPS or n.op == "constant" or \
+                len(n.outputs) != 1 or self.parent_readers(v) > 0 or \
+                any(x.shape not in ((), v.shape) for x in n.inputs):
+            return self._input(("role", path), v.type)
+        self.chain[path] = (n.op, n.attrs, len(n.inputs))
+        args = [self._scalar(x) if x.shape == () and v.shape != () else
+                self._tensor(x, path + (k,)) for k, x in enumerate(n.inputs)]
+        out = self.graph.add_node(n.op, args, n.attrs, loc=n.loc).out
+        self.by_key[("copy", path)] = out
+        return out
+
+    def parent_readers(self, v: Value) -> int:
+        """How many nodes of the enclosing trace read v so far (its use by the rule is not
+        among them: the rule's nodes are in this trace)."""
+        if self._readers is None:
+            self._readers = {}
+            for n in self.parent.graph.nodes:
+                for x in n.operands():
+                    self._readers[x] = self._readers.get(x, 0) + 1
+        return self._readers.get(v, 0)
 
     def _scalar(self, v: Value) -> Value:
         """An outer scalar in the body: its computation copied in when it is elementwise over
@@ -126,7 +159,7 @@ def hypermap(rule: Callable[[], Any], instances: list[dict[Hashable, Any]]) -> N
     finally:
         tracer._TRACES.pop()
     body = mt.graph
-    body.effects = [body.add_node("store", [mt.by_key[("role", role)], value], loc=loc).out
+    body.effects = [body.add_node("store", [mt.by_key[("role", (role,))], value], loc=loc).out
                     for role, (value, loc) in mt.stores.items()]
     operands, spaces = _bind(parent, mt, instances)
     shared = [j for j, (kind, _) in enumerate(mt.inputs) if kind == "shared"]
@@ -140,7 +173,8 @@ def hypermap(rule: Callable[[], Any], instances: list[dict[Hashable, Any]]) -> N
     parent.maps.append(node)
     for k, instance in enumerate(instances):
         for role in mt.stores:
-            parent.map_writes[id(instance[role])] = (node, mt.inputs.index(("role", role)), k)
+            parent.map_writes[id(instance[role])] = (node, mt.inputs.index(("role", (role,))),
+                                                      k)
     return node
 
 
@@ -155,13 +189,15 @@ def _bind(parent: tracer.Trace, mt: MapTrace, instances: list[dict[Hashable, Any
             if kind == "shared":
                 row.append(key)
                 continue
-            obj = instance.get(key)
+            obj = _walk(instance.get(key[0]), key[1:], key[0], mt.chain)
             if isinstance(obj, Parameter):
                 if id(obj) in parent.assigned or id(obj) in parent.map_writes:
                     raise MapUnsupported(f"{obj.name} was already assigned in this step")
                 v = parent.read_input(obj)
             elif isinstance(obj, TracedTensor) and obj.trace is parent:
                 v = obj.value
+            elif isinstance(obj, Value):
+                v = obj
             else:
                 raise MapUnsupported(f"role {key!r} is not a Parameter or a traced tensor")
             if v.dtype != mt.by_key[(kind, key)].dtype or (space is not None and
@@ -171,9 +207,27 @@ def _bind(parent: tracer.Trace, mt: MapTrace, instances: list[dict[Hashable, Any
             row.append(v)
         if space is None:
             raise MapUnsupported("the rule reads no tensor of an instance")
+        stored = [row[mt.inputs.index(("role", (r,)))] for r in mt.stores]
+        if any(sum(u is v for u in row) != 1 for v in stored):
+            raise MapUnsupported("a parameter the rule updates is also read another way")
         operands.append(row)
         spaces.append(list(space))
     return operands, spaces
+
+
+def _walk(obj: Any, steps: tuple, role: Hashable,
+          chain: dict[tuple, tuple[str, dict, int]]) -> Any:
+    """The tensor at `steps` under an instance's role tensor: the same ops must be met on the
+    way as on the first instance's (the body was made from those)."""
+    v = obj.value if isinstance(obj, TracedTensor) and steps else obj
+    path: tuple = (role,)
+    for k in steps:
+        n = v.node if isinstance(v, Value) else None
+        op, attrs, count = chain[path]
+        if n is None or n.op != op or n.attrs != attrs or len(n.inputs) != count:
+            raise MapUnsupported(f"role {role!r} is not made the same way in every instance")
+        v, path = n.inputs[k], path + (k,)
+    return v
 
 
 def new_value(node: Node, body_input: int, instance: int) -> Value:
