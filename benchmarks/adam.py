@@ -265,6 +265,7 @@ def graphopt_adam_step(ps, info, variant: str) -> tuple[Callable, list]:
 def setup_graphopt(ps, gs, info, variant: str):
     import graphopt as go
     info["cache_dir"] = os.environ.get("GRAPHOPT_CACHE_DIR")
+    info["graphopt_file"] = go.__file__
     fn, params = graphopt_adam_step(ps, info, variant)
     ps.clear()  # the Parameters hold copies; drop the originals
     t = [0]
@@ -317,7 +318,31 @@ def peak_rss_mb() -> float:
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
-def worker_run(impl: str, case: str, quick: bool) -> dict:
+def cpu_probe(reps: int = 30, n: int = 1 << 16) -> float:
+    """How much of a second core this process gets right now: the speedup of two threads
+    over one on a compute-bound numpy loop in cache (2.0: both cores free; ~1.0: one core's
+    worth, as when the machine's host is busy). numpy ufuncs run without the GIL."""
+    import threading
+    a = np.linspace(0.0, 1.0, n)
+    bufs = [np.empty(n), np.empty(n)]
+
+    def work(out):
+        for _ in range(reps):
+            np.sin(a, out=out)
+    work(bufs[0])
+    s = time.perf_counter()
+    work(bufs[0])
+    one = time.perf_counter() - s
+    threads = [threading.Thread(target=work, args=(b,)) for b in bufs]
+    s = time.perf_counter()
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return 2 * one / (time.perf_counter() - s)
+
+
+def worker_run(impl: str, case: str, quick: bool, timing_only: bool = False) -> dict:
     shapes = case_shapes(case, quick)
     elements = sum(math.prod(s) for s in shapes)
     ps, gs = make_data(shapes)
@@ -330,10 +355,15 @@ def worker_run(impl: str, case: str, quick: bool) -> dict:
     step()
     sync()
     checked = sample()
-    warmup, min_reps, max_reps, budget = (0, 1, 2, 0.0) if quick else (3, 7, 200, 2.0)
-    for _ in range(warmup):
+    warmup, min_reps, max_reps, budget = (0, 1, 2, 0.0) if quick else (3, 5, 200, 1.2)
+    w0 = time.perf_counter()
+    for _ in range(warmup):  # up to 3 steps, at most ~0.3 s of them
         step()
-    sync()
+        sync()
+        if time.perf_counter() - w0 > 0.3:
+            warmup = _ + 1
+            break
+    probe = cpu_probe()
     times: list[float] = []
     t0 = time.perf_counter()
     while len(times) < max_reps and (len(times) < min_reps or time.perf_counter() - t0 < budget):
@@ -345,13 +375,13 @@ def worker_run(impl: str, case: str, quick: bool) -> dict:
     info.pop("_jitted", None)
     if exe is not None:
         steps_run = 2 + warmup + len(times)
-        info["native_calls_per_step"] = sum(k.calls for k in exe.kernels) / steps_run
+        info["native_calls_per_step"] = sum(getattr(k, "calls", 0) for k in exe.kernels) / steps_run
     ms = float(np.median(times) * 1e3)
     return {"impl": impl, "case": case, "tensors": len(shapes), "elements": elements,
             "ms": ms, "min_ms": float(np.min(times) * 1e3), "reps": len(times),
             "gbps": BYTES_PER_ELEMENT * elements / (ms * 1e-3) / 1e9,
             "first_call_s": first_call, "sample": checked, "peak_rss_mb": peak_rss_mb(),
-            **info}
+            "cpu_probe": probe, **info}
 
 
 def worker_warm(impl: str, case: str, quick: bool) -> dict:
@@ -447,6 +477,49 @@ def run_worker(argv: list[str], env: dict | None = None) -> dict:
     return {"error": f"exit {p.returncode}: " + " | ".join(tail)}
 
 
+def run_one(impl: str, case: str, rnd: int, q: list[str], cache_root: Path, jax_cache: Path,
+            reference: list[np.ndarray]) -> dict:
+    """One (implementation, case) in a subprocess; for graphopt in the first round, the
+    cold compile (an empty cache directory) and then the warm-cache first call."""
+    env = dict(os.environ)
+    cache_dir = None
+    if impl in GRAPHOPT_IMPLS:
+        cache_dir = cache_root / f"{case}-{impl}-{rnd}"  # empty: a cold compile
+        cache_dir.mkdir(mode=0o700)
+        env["GRAPHOPT_CACHE_DIR"] = str(cache_dir)
+    if impl == "jax":
+        env["JAX_COMPILATION_CACHE_DIR"] = str(jax_cache)
+        env["JAX_PERSISTENT_CACHE_MIN_COMPILE_TIME_SECS"] = "0"
+    s = time.perf_counter()
+    r = run_worker(["--worker", impl, "--case", case, *q], env)
+    if "error" in r:
+        return r
+    got = [np.asarray(x) for x in r.pop("sample")]
+    r["max_err"] = float(max(np.max(np.abs(a - b)) if a.size else 0.0
+                             for a, b in zip(got, reference)))
+    if cache_dir is not None and rnd == 0:
+        warm = run_worker(["--worker", impl, "--case", case, "--warm", *q], env)
+        if "error" in warm:
+            return {"error": "warm-cache run: " + warm["error"]}
+        r.update({k: v for k, v in warm.items() if k not in ("impl", "case")})
+    print(f"{case:<6} {impl:<14} {fmt_ms(r['ms']):>9} ms  {r['gbps']:6.1f} GB/s  "
+          f"2-core probe {r['cpu_probe']:.2f}  (round {rnd + 1}, "
+          f"{time.perf_counter() - s:.0f} s)", flush=True)
+    return r
+
+
+def snapshot_graphopt() -> Path:
+    """A copy of the graphopt package this run measures: a run takes minutes, and a source
+    tree being edited meanwhile would mix versions across workers."""
+    spec = importlib.util.find_spec("graphopt")
+    if spec is None or spec.origin is None:
+        raise SystemExit("graphopt is not importable (pip install -e .)")
+    dest = Path(tempfile.mkdtemp(prefix="graphopt-bench-src-"))
+    shutil.copytree(Path(spec.origin).parent, dest / "graphopt",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    return dest
+
+
 def installed(impl: str) -> str | None:
     """None if the implementation can run, else why not."""
     missing = [m for m in REQUIRES[impl] if importlib.util.find_spec(m) is None]
@@ -476,6 +549,9 @@ def machine_info() -> dict:
         info["graphopt_commit"] = subprocess.run(
             ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
             text=True).stdout.strip()
+        info["graphopt_dirty"] = bool(subprocess.run(
+            ["git", "status", "--porcelain", "--", "graphopt"], cwd=ROOT, capture_output=True,
+            text=True).stdout.strip())
     except OSError:
         pass
     return info
@@ -530,12 +606,13 @@ def render(results: dict, order_cases: list[str], impls: list[str], skipped: dic
     impl_cols = [i for i in impls if i not in skipped]
     lines, md = [], []
     head = f"{'case':<6} {'implementation':<14} {'ms/step':>9} {'GB/s':>7} {'first call':>11}" \
-           f" {'max|dp|':>8} " + " ".join(f"{'÷' + i:>14}" for i in GRAPHOPT_IMPLS
-                                           if i in impl_cols)
+           f" {'max|dp|':>8} {'2-core':>6} " + " ".join(f"{'÷' + i:>14}" for i in GRAPHOPT_IMPLS
+                                                        if i in impl_cols)
     lines.append(head)
-    md.append("| case | implementation | ms/step | GB/s | first call | peak RSS | max\\|Δp\\| | "
+    md.append("| case | implementation | ms/step | rounds | GB/s | first call | peak RSS | "
+              "max\\|Δp\\| | 2-core | "
               + " | ".join(f"{g} ÷ this" for g in GRAPHOPT_IMPLS if g in impl_cols) + " |")
-    md.append("|---" * (6 + 1 + sum(g in impl_cols for g in GRAPHOPT_IMPLS)) + "|")
+    md.append("|---" * (9 + sum(g in impl_cols for g in GRAPHOPT_IMPLS)) + "|")
     for case in order_cases:
         by = results.get(case, {})
         for impl in impl_cols:
@@ -554,12 +631,15 @@ def render(results: dict, order_cases: list[str], impls: list[str], skipped: dic
                 ratios.append(f"{gr['ms'] / r['ms']:.2f}" if gr and "error" not in gr else "—")
             err = r.get("max_err")
             err_s = "—" if err is None else f"{err:.0e}"
+            rounds = r.get("rounds_ms", [r["ms"]])
+            spread = ", ".join(fmt_ms(x) for x in rounds)
+            probe = float(np.median(r.get("rounds_cpu_probe", [r.get("cpu_probe", 0.0)])))
             lines.append(f"{case:<6} {impl:<14} {fmt_ms(r['ms']):>9} {r['gbps']:7.1f} "
-                         f"{fmt_s(r['first_call_s']):>11} {err_s:>8} "
+                         f"{fmt_s(r['first_call_s']):>11} {err_s:>8} {probe:6.2f} "
                          + " ".join(f"{x:>14}" for x in ratios))
-            md.append(f"| {case} | {impl} | {fmt_ms(r['ms'])} | {r['gbps']:.1f} | "
+            md.append(f"| {case} | {impl} | **{fmt_ms(r['ms'])}** | {spread} | {r['gbps']:.1f} | "
                       f"{fmt_s(r['first_call_s'])} | {r['peak_rss_mb']:.0f} MB | {err_s} | "
-                      + " | ".join(ratios) + " |")
+                      f"{probe:.2f} | " + " | ".join(ratios) + " |")
     text = "\n".join(lines)
 
     comp = ["| case | variant | kernels | native calls/step | passes | LLVM compile "
@@ -602,7 +682,7 @@ def render(results: dict, order_cases: list[str], impls: list[str], skipped: dic
     text += "\n\nmemory bandwidth (best of 10, STREAM counting, f64 arrays of " \
             f"{bandwidth[0].get('array_mib', 0):.0f} MiB)\n" + "\n".join(bw_txt)
 
-    tgt = targets(results)
+    tgt = [] if quick else targets(results)
     if tgt:
         text += "\n\ntargets\n" + "\n".join(f"{a}: {b} (needed {c}) — {d}" for a, b, c, d in tgt)
     if skipped:
@@ -614,8 +694,15 @@ def render(results: dict, order_cases: list[str], impls: list[str], skipped: dic
            f", {machine.get('cpus')} cores, {machine.get('memory_gib', '?')} GiB; "
            + ", ".join(f"{k} {machine[k]}" for k in ("numpy", "llvmlite", "torch", "jax",
                                                        "optax", "numba") if k in machine)
-           + f"; graphopt at {machine.get('graphopt_commit', '?')}. Run took {wall:.0f} s.", "",
-           "Median ms per Adam step (f32) after warm-up; GB/s at 28 bytes per element; "
+           + f"; graphopt at {machine.get('graphopt_commit', '?')}"
+           + (" with uncommitted changes" if machine.get("graphopt_dirty") else "")
+           + f". Run took {wall:.0f} s.", "",
+           "ms/step: the median over the rounds of each round's median ms per Adam step "
+           "(f32) after warm-up (`rounds` lists each round's median; the rounds interleave "
+           "the implementations); GB/s at 28 bytes per element; "
+           "`2-core` is the speedup of 2 threads over 1 on a compute-bound numpy probe run "
+           "just before the timed steps (2.0: both cores free; near 1.0: the host gave this "
+           "machine about one core's worth); "
            "`first call` is setup to the end of the first step (includes any JIT compile); "
            "`max|Δp|` is the largest difference from an f64 reference after two steps (first "
            "1,024 elements of the first and last tensor); `X ÷ this` is X's time over this "
@@ -840,6 +927,10 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--cases", default=",".join(CASES), help=f"of {','.join(CASES)}")
     ap.add_argument("--impls", default=",".join(IMPLS), help=f"of {','.join(IMPLS)}")
     ap.add_argument("--out", default=str(HERE / "results"), help="output directory")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="run every implementation this many times per case, interleaved, "
+                         "and report the median of the rounds' medians (default 3; 1 with "
+                         "--quick)")
     ap.add_argument("--profile", metavar="CASE", help="cProfile graphopt's steps on one case")
     ap.add_argument("--profile-steps", type=int, default=50)
     ap.add_argument("--no-cprofile", action="store_true",
@@ -857,6 +948,8 @@ def main(argv: list[str] | None = None) -> int:
                          use_cprofile=not args.no_cprofile)
         return 0
 
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
     cases = [c.strip() for c in args.cases.split(",") if c.strip()]
     impls = [i.strip() for i in args.impls.split(",") if i.strip()]
     for c in cases:
@@ -873,47 +966,49 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter()
     machine = machine_info()
 
+    snapshot = snapshot_graphopt()  # every worker runs the same graphopt source
+    os.environ["PYTHONPATH"] = os.pathsep.join(
+        [str(snapshot), *filter(None, [os.environ.get("PYTHONPATH")])])
+    print(f"graphopt {machine.get('graphopt_commit', '?')}"
+          f"{' + uncommitted changes' if machine.get('graphopt_dirty') else ''}, copied to "
+          f"{snapshot} for this run", flush=True)
     print("measuring memory bandwidth ...", flush=True)
     bandwidth = [run_worker(["--worker", "bandwidth", *q])]
     results: dict[str, dict] = {}
     cache_root = Path(tempfile.mkdtemp(prefix="graphopt-bench-cache-"))
     failed = False
+    jax_cache = cache_root / "jax"  # later rounds reuse JAX's compiled step
     try:
         for case in cases:
             shapes = case_shapes(case, args.quick)
             results[case] = {"_label": case_label(case, shapes)}
             reference = reference_sample(shapes)
-            for impl in impls:
-                if impl in skipped:
-                    continue
-                env = dict(os.environ)
-                cache_dir = None
-                if impl in GRAPHOPT_IMPLS:
-                    cache_dir = cache_root / f"{case}-{impl}"  # empty: a cold compile
-                    cache_dir.mkdir(mode=0o700)
-                    env["GRAPHOPT_CACHE_DIR"] = str(cache_dir)
-                s = time.perf_counter()
-                r = run_worker(["--worker", impl, "--case", case, *q], env)
-                if "error" not in r:
-                    got = [np.asarray(x) for x in r.pop("sample")]
-                    r["max_err"] = float(max(np.max(np.abs(a - b)) if a.size else 0.0
-                                             for a, b in zip(got, reference)))
-                    if cache_dir is not None:
-                        r.update({k: v for k, v in run_worker(
-                            ["--worker", impl, "--case", case, "--warm", *q], env).items()
-                            if k not in ("impl", "case")})
-                        if "error" in r:
-                            r = {"error": "warm-cache run: " + r["error"]}
-                if "error" in r:
-                    failed = True
-                    print(f"{case:<6} {impl:<14} ERROR {r['error']}", flush=True)
-                else:
-                    print(f"{case:<6} {impl:<14} {fmt_ms(r['ms']):>9} ms  {r['gbps']:6.1f} GB/s"
-                          f"  ({time.perf_counter() - s:.0f} s)", flush=True)
-                results[case][impl] = r
-                gc.collect()
+            for rnd in range(args.rounds):
+                # Each round runs every implementation once; odd rounds in reverse order, so
+                # no implementation always runs first or last.
+                order = [i for i in impls if i not in skipped]
+                for impl in order if rnd % 2 == 0 else order[::-1]:
+                    r = run_one(impl, case, rnd, q, cache_root, jax_cache, reference)
+                    prev = results[case].get(impl)
+                    if "error" in r:
+                        failed = True
+                        print(f"{case:<6} {impl:<14} ERROR {r['error']}", flush=True)
+                        if prev is None or rnd == 0:
+                            results[case][impl] = r
+                        continue
+                    if prev is None:
+                        r["rounds_ms"] = [r["ms"]]
+                        r["rounds_cpu_probe"] = [r["cpu_probe"]]
+                        results[case][impl] = r
+                    elif "error" not in prev:
+                        prev["rounds_ms"].append(r["ms"])
+                        prev["rounds_cpu_probe"].append(r["cpu_probe"])
+                        prev["ms"] = float(np.median(prev["rounds_ms"]))
+                        prev["gbps"] = BYTES_PER_ELEMENT * prev["elements"] / prev["ms"] / 1e6
+                    gc.collect()
     finally:
         shutil.rmtree(cache_root, ignore_errors=True)
+        shutil.rmtree(snapshot, ignore_errors=True)
     bandwidth.append(run_worker(["--worker", "bandwidth", *q]))
     wall = time.perf_counter() - wall
 
