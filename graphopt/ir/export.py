@@ -20,14 +20,14 @@ import zlib
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-import graphviz
-import networkx as nx
-
 from ..errors import GraphoptError, RenderError
 from .kernel import written
 from .printer import Namer, format_attrs
 
 if TYPE_CHECKING:
+    import graphviz
+    import networkx as nx
+
     from .graph import Graph, Node, Value
 
 # Pastel fills that keep black text readable; indexed by crc32(op) so colours are stable.
@@ -53,6 +53,7 @@ def _cut(text: str, limit: int = MAX_LABEL) -> str:
 # -- graphviz ---------------------------------------------------------------------------------
 def to_dot(graph: Graph) -> graphviz.Digraph:
     """A graphviz drawing of the graph (see the module docstring for the conventions)."""
+    import graphviz  # imported when drawing: `import graphopt` stays quick
     dot = graphviz.Digraph(name=graph.name)
     dot.attr(label=f"graph {graph.name}", labelloc="t", fontname="Helvetica")
     dot.attr("node", fontname="Helvetica", fontsize="11")
@@ -153,6 +154,7 @@ def to_networkx(graph: Graph) -> nx.MultiDiGraph:
     value carried, which tells the outputs of a multi-output node apart), and index (the
     position among the user's operands: data inputs, then after edges, as Node.operands()).
     """
+    import networkx as nx  # imported when used: `import graphopt` stays quick
     g = nx.MultiDiGraph(name=graph.name)
     name = Namer()
     key: dict[Value, str] = {}  # value -> key of the nx node that defines it
@@ -218,6 +220,7 @@ def _render(dot: graphviz.Digraph, fmt: str) -> bytes:
     if shutil.which("dot") is None:
         raise RenderError(f"rendering .{fmt} needs the Graphviz `dot` program, which is not "
                           f"on PATH; {INSTALL_HINT}")
+    import graphviz
     try:
         return dot.pipe(format=fmt)
     except graphviz.backend.ExecutableNotFound:

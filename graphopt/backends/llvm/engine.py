@@ -31,6 +31,7 @@ def target_machine() -> llvm.TargetMachine:
     return _new_target_machine()
 
 
+@functools.cache
 def target_parts() -> dict[str, str]:
     """The parts of a cache key that describe the machine and the compiler."""
     target_machine()
@@ -38,7 +39,7 @@ def target_parts() -> dict[str, str]:
             "features": llvm.get_host_cpu_features().flatten(),
             "llvm": ".".join(map(str, llvm.llvm_version_info)),
             "llvmlite": llvmlite.__version__, "codegen": CODEGEN_VERSION,
-            "python": platform.python_implementation()}
+            "python": platform.python_implementation()}  # callers copy it into their parts
 
 
 @dataclass

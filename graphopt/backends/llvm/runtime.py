@@ -26,7 +26,7 @@ from ...errors import ExecutionError, GraphoptError
 from ...ir import kernel as kernel_ir
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import ELEMENTWISE, LINALG, REDUCTION, SHAPE, evaluate
-from .codegen import KernelABI, canonical_text, flags, generate
+from .codegen import KernelABI, canonical_text, flags, generate, plan
 from .emitter import LoweringError
 from . import engine
 
@@ -58,15 +58,26 @@ class NativeKernel:
 
     node: Node
     abi: KernelABI
+    fastmath: bool
     key: str
     key_parts: dict[str, str]
     compile_seconds: float
     cache_hit: bool
-    ir_text: str
-    optimized_ir: str
-    module: object = field(repr=False)
+    optimized_ir: str  # empty when the object code came from the cache
     fn: object = field(repr=False)  # the native function
     calls: int = 0
+    _module: object = field(default=None, repr=False)
+
+    @property
+    def module(self):
+        """The LLVM module as generated (made again on demand after a cache hit)."""
+        if self._module is None:
+            self._module = generate(self.node, self.fastmath)[0]
+        return self._module
+
+    @property
+    def ir_text(self) -> str:
+        return str(self.module)
 
     @property
     def name(self) -> str:
@@ -188,23 +199,26 @@ class Fallback:
 
 
 def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
+    """Load the kernel's object code from the cache, or generate and compile it (and cache
+    it). A cache hit needs only the kernel's plan: no LLVM IR is built."""
     from . import cache
-    module, abi = generate(node, fastmath)
+    start = time.perf_counter()
+    abi = plan(node, fastmath)
     parts = {"kernel": canonical_text(node), "flags": flags(fastmath),
              **engine.target_parts()}
     key = cache.make_key(parts)
-    start = time.perf_counter()
     obj = cache.load(key, parts) if use_cache and cache.enabled() else None
     hit = obj is not None
-    optimized = ""
+    optimized, module = "", None
     if obj is None:
+        module, abi = generate(node, fastmath)
         compiled = engine.compile_module(module)
         obj, optimized = compiled.object_code, compiled.optimized_ir
         if use_cache and cache.enabled():
             cache.store(key, parts, obj)
     fn = engine.load(obj, abi.name)
-    return NativeKernel(node, abi, key, parts, time.perf_counter() - start, hit, str(module),
-                        optimized, module, fn)
+    return NativeKernel(node, abi, fastmath, key, parts, time.perf_counter() - start, hit,
+                        optimized, fn, _module=module)
 
 
 class LLVMProgram:
