@@ -46,15 +46,22 @@ class Executable:
         pytree.check_same(self._in_tree, tree, getattr(self.fn, "__name__", "step"))
         return self.run(leaves, paths)
 
-    def run(self, leaves: list[Any], paths: list[str]) -> Any:
-        """Check every argument leaf, run the graph, then commit the assigns."""
+    def run(self, leaves: list[Any], paths: list[str], matched: bool = False) -> Any:
+        """Check every argument leaf, run the graph, then commit the assigns. `matched`: jit
+        found this step by the leaves' shapes and dtypes, so only their layout is left to
+        check (for the arguments native code reads)."""
         inputs = dict(self._param_arrays())
         args = iter(self.graph.args)
         for leaf, path, kind in zip(leaves, paths, self._leaf_kinds):
             if kind == "param":
                 continue
             v = next(args)
-            inputs[v] = _checked_array(leaf, v.type, path, v in self._native)
+            if matched and type(leaf) is np.ndarray:
+                if v in self._native:
+                    _check_layout(leaf, path)
+                inputs[v] = leaf
+            else:
+                inputs[v] = _checked_array(leaf, v.type, path, v in self._native)
         start = time.perf_counter()
         outputs, updates = self.program.run(inputs)
         # Results are copies, taken before the commit: an output may be a view of a parameter
@@ -122,12 +129,16 @@ def _checked_array(leaf: Any, t: TensorType, path: str, native: bool = False) ->
         raise SignatureError(f"argument '{path}' is {a.dtype}{list(a.shape)}, but this step was "
                              f"compiled for {t}")
     if native:
-        flags = a.flags
-        if a.ndim and not flags.c_contiguous:
-            raise SignatureError(f"argument '{path}' is not C-contiguous (a transposed or "
-                                 f"sliced view?); native kernels read contiguous buffers: pass "
-                                 f"np.ascontiguousarray(...)")
-        if not flags.aligned:  # numpy's own test: the address is a multiple of the alignment
-            raise SignatureError(f"argument '{path}' is not aligned to its "
-                                 f"{a.dtype.alignment}-byte dtype; pass a copy (np.array(...))")
+        _check_layout(a, path)
     return a
+
+
+def _check_layout(a: np.ndarray, path: str) -> None:
+    flags = a.flags
+    if a.ndim and not flags.c_contiguous:
+        raise SignatureError(f"argument '{path}' is not C-contiguous (a transposed or sliced "
+                             f"view?); native kernels read contiguous buffers: pass "
+                             f"np.ascontiguousarray(...)")
+    if not flags.aligned:  # numpy's own test: the address is a multiple of the alignment
+        raise SignatureError(f"argument '{path}' is not aligned to its {a.dtype.alignment}-byte "
+                             f"dtype; pass a copy (np.array(...))")

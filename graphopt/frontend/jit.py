@@ -65,7 +65,7 @@ class JittedFunction:
         if current_trace() is not None:  # called from another traced function: inline it
             return self.fn(*args, **kwargs)
         exe, leaves, paths = self._lookup(args, kwargs)
-        return exe.run(leaves, paths)
+        return exe.run(leaves, paths, matched=True)
 
     def lower(self, *args: Any, **kwargs: Any):
         """The compiled step for these arguments (compiling it if needed); `.graph` shows it."""

@@ -23,7 +23,8 @@ from ..ir.analysis import producers, toposort, unordered_readers
 from ..ir.graph import Graph, Location, Value
 from ..ir.opdefs import constant_value
 from ..ir.registry import ELEMENTWISE, OpDef, evaluate, get_op
-from ..ir.types import DType, TensorType, bool_, f32, f64, i64, to_dtype, type_of_array
+from ..ir.types import (DTYPES, DType, TensorType, bool_, f32, f64, i64, to_dtype,
+                        type_of_array)
 from . import pytree
 from .parameter import Parameter
 from .tensor import EagerTensor, Tensor, TracedTensor
@@ -347,6 +348,8 @@ def bind_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
 
 def leaf_spec(x: Any, path: str) -> tuple:
     """The part of a signature one argument leaf contributes (values of scalars excluded)."""
+    if type(x) is np.ndarray and x.dtype in _SUPPORTED:  # the common case, first and quick
+        return ("array", x.shape, _SUPPORTED[x.dtype])
     if isinstance(x, Parameter):
         return ("param", id(x))
     if isinstance(x, EagerTensor):
@@ -361,6 +364,9 @@ def leaf_spec(x: Any, path: str) -> tuple:
             raise SignatureError(f"argument '{path}': {e}") from None
     raise SignatureError(f"argument '{path}' is a {type(x).__name__}; a step takes numpy arrays, "
                          f"Python scalars, Parameters, and lists/tuples/dicts of them")
+
+
+_SUPPORTED = {d.np_dtype: d.name for d in DTYPES.values()}
 
 
 def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None) -> Traced:
