@@ -95,9 +95,9 @@ def layout(node: Node) -> Layout:
                   len(body.outputs), bool(body.effects))
 
 
-def instance_operands(node: Node, instance: int) -> list[Value]:
+def instance_operands(node: Node, instance: int, lay: Layout | None = None) -> list[Value]:
     """The outer values bound to the body's inputs in one instance, in body-input order."""
-    lay = layout(node)
+    lay = lay or layout(node)
     return [node.inputs[lay.operand_index(instance, j)] for j in range(lay.body_inputs)]
 
 
@@ -114,8 +114,8 @@ def written(node: Node) -> list[Value]:
     if node.body is None:
         return []
     targets = [j for j, _ in stores(node.body)]
-    return [instance_operands(node, i)[j] for i in range(len(node.attrs["spaces"]))
-            for j in targets]
+    lay = layout(node)
+    return [node.inputs[lay.operand_index(i, j)] for i in range(lay.instances) for j in targets]
 
 
 def infer_types(node: Node) -> list[Type]:
@@ -138,13 +138,15 @@ def infer_types(node: Node) -> list[Type]:
     out: list[Type] = []
     for i, space in enumerate(attrs["spaces"]):
         space = tuple(space)
-        for j, (v, x) in enumerate(zip(instance_operands(node, i), body.inputs)):
+        for j, (v, x) in enumerate(zip(instance_operands(node, i, lay), body.inputs)):
             if not isinstance(v.type, TensorType) or v.dtype != x.dtype or x.type.shape != ():
                 raise OpTypeError(f"kernel: operand {j} is {v.type}, the body reads it as {x.type}")
-            try:
-                fits = np.broadcast_shapes(v.shape, space) == space
-            except ValueError:
-                fits = False
+            fits = v.shape == space or v.shape == ()  # the usual cases, without numpy
+            if not fits:
+                try:
+                    fits = np.broadcast_shapes(v.shape, space) == space
+                except ValueError:
+                    fits = False
             if not fits or (j in targets and v.shape != space):
                 need = "have the shape" if j in targets else "broadcast to"
                 raise OpTypeError(f"kernel: operand {j} ({v.type}) does not {need} the "
