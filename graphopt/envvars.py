@@ -32,6 +32,7 @@ the program has configured no logging handler, a topic's messages go to stderr.
 """
 from __future__ import annotations
 
+import functools
 import logging
 import os
 import sys
@@ -141,9 +142,14 @@ def backend() -> str:
     return get("GRAPHOPT_BACKEND").strip() or "llvm"
 
 
+@functools.cache
+def _cores() -> int:
+    return os.cpu_count() or 1  # (reads /sys on every call: asked once per process)
+
+
 def threads() -> int:
     """GRAPHOPT_THREADS: how many threads a large kernel may use (default: every core)."""
-    cores = os.cpu_count() or 1
+    cores = _cores()
     text = get("GRAPHOPT_THREADS").strip()
     try:
         return max(1, int(text)) if text else cores

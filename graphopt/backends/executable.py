@@ -39,6 +39,7 @@ class Executable:
         self._leaf_kinds = traced.leaf_kinds
         self._params = traced.params
         self.param_inputs = [(v, traced.params[v.name]) for v in self.graph.params]
+        self._args = self.graph.args
         self.last_step_seconds: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -51,7 +52,7 @@ class Executable:
         found this step by the leaves' shapes and dtypes, so only their layout is left to
         check (for the arguments native code reads)."""
         inputs = dict(self._param_arrays())
-        args = iter(self.graph.args)
+        args = iter(self._args)
         for leaf, path, kind in zip(leaves, paths, self._leaf_kinds):
             if kind == "param":
                 continue

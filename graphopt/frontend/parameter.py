@@ -23,9 +23,16 @@ _NAME = re.compile(r"[A-Za-z_][\w.]*\Z")
 class Parameter(Tensor):
     __slots__ = ("name", "_value", "__weakref__")
 
-    def __init__(self, value: Any, name: str | None = None, dtype: Any = None):
-        arr = np.array(np.asarray(value), dtype=to_dtype(dtype).np_dtype if dtype else None,
-                       order="C", copy=True)
+    def __init__(self, value: Any, name: str | None = None, dtype: Any = None,
+                 copy: bool = True):
+        """`copy=False` takes `value` as the parameter's buffer when it is a numpy array
+        nobody else views (C-contiguous, owning its memory, of the dtype), as a freshly made
+        one is; anything else is copied as usual."""
+        a = np.asarray(value)
+        owned = not copy and a.base is None and a.flags.c_contiguous and \
+            a.flags.writeable and (dtype is None or a.dtype == to_dtype(dtype).np_dtype)
+        arr = a if owned else np.array(a, dtype=to_dtype(dtype).np_dtype if dtype else None,
+                                       order="C", copy=True)
         try:
             to_dtype(arr.dtype)
         except TypeError as e:

@@ -10,6 +10,7 @@ parameter's old value (the write-after-read edges).
 """
 from __future__ import annotations
 
+import functools
 import inspect
 import os
 import sys
@@ -333,11 +334,22 @@ class Traced:
     params: dict[str, Parameter]
 
 
+@functools.lru_cache(maxsize=512)
+def _signature(fn: Callable) -> inspect.Signature | None:
+    """fn's signature, worked out once (inspect.signature costs more than a step's checks)."""
+    try:
+        return inspect.signature(fn)
+    except (TypeError, ValueError):
+        return None
+
+
 def bind_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The call's arguments by parameter name, as Python would bind them."""
     try:
-        sig = inspect.signature(fn)
-    except (TypeError, ValueError):
+        sig = _signature(fn)
+    except TypeError:  # an unhashable callable
+        sig = None
+    if sig is None:
         return {f"arg{i}": a for i, a in enumerate(args)} | kwargs
     try:
         bound = sig.bind(*args, **kwargs)

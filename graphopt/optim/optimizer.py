@@ -313,11 +313,13 @@ class Optimizer:
         compute = f32 if master else p.dtype
         slot = Slot(p, group, compute, self.state_dtype or compute)
         if master:
-            slot.state["master"] = Parameter(p.numpy().astype(np.float32),
+            slot.state["master"] = Parameter(p.numpy().astype(np.float32), copy=False,
                                              name=f"{p.name}.master")
         for key, fill in self.init_state(group).items():
-            value = np.full(p.shape, fill, slot.state_dtype.np_dtype)
-            slot.state[key] = Parameter(value, name=f"{p.name}.{key}")
+            # np.zeros for zeros: the memory comes zeroed from the system, untouched until used
+            value = np.zeros(p.shape, slot.state_dtype.np_dtype) if fill == 0 else \
+                np.full(p.shape, fill, slot.state_dtype.np_dtype)
+            slot.state[key] = Parameter(value, name=f"{p.name}.{key}", copy=False)
         return slot
 
     def parameters(self) -> list[Parameter]:
