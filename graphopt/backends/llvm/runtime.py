@@ -128,23 +128,20 @@ class NativeKernel:
                                                         node.body.outputs)) if kind == "map"]
         n = len(node.inputs) + len(self._maps)
         self._args = (ctypes.c_void_p * max(1, n))()  # the pointer table, reused every call
-        # Parameter buffers never move (steps update them in place), so their pointers are
-        # taken once; `_seen` keeps the array each was taken from, to notice a new buffer.
-        self._persistent = [i for i, v in enumerate(node.inputs) if v.kind == "param"]
-        self._per_call = [i for i, v in enumerate(node.inputs) if v.kind != "param"]
+        # An array's buffer never moves while the array lives (numpy refuses to resize an
+        # array something else references, and `_seen` does), so a pointer is taken only
+        # when an operand is a different array than last time: parameter buffers never are,
+        # and gradients often are the same buffers step after step.
         self._seen: list[object] = [None] * len(node.inputs)
         self._elements = sum(math.prod(space) for space in node.attrs["spaces"])
         self._splits: dict[int, list[tuple[int, int]]] = {}
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        abi, args = self.abi, self._args
-        for i in self._persistent:
-            a = arrays[i]
-            if a is not self._seen[i]:
-                self._seen[i] = a
+        abi, args, seen = self.abi, self._args, self._seen
+        for i, a in enumerate(arrays):
+            if a is not seen[i]:
+                seen[i] = a
                 args[i] = a.ctypes.data
-        for i in self._per_call:
-            args[i] = arrays[i].ctypes.data
         rows: list[list[np.ndarray | None]] = [[None] * len(self.node.body.outputs)
                                                for _ in self.node.attrs["spaces"]]
         base = len(self.node.inputs)
