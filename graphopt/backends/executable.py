@@ -40,6 +40,7 @@ class Executable:
         self._params = traced.params
         self.param_inputs = [(v, traced.params[v.name]) for v in self.graph.params]
         self._args = self.graph.args
+        self._param_buffers = dict(self._param_arrays())
         self.last_step_seconds: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -51,7 +52,7 @@ class Executable:
         """Check every argument leaf, run the graph, then commit the assigns. `matched`: jit
         found this step by the leaves' shapes and dtypes, so only their layout is left to
         check (for the arguments native code reads)."""
-        inputs = dict(self._param_arrays())
+        inputs = dict(self._param_buffers)  # (a Parameter's buffer never changes: in place)
         args = iter(self._args)
         for leaf, path, kind in zip(leaves, paths, self._leaf_kinds):
             if kind == "param":

@@ -27,6 +27,7 @@ class TreeDef:
 
 
 LEAF, NONE = TreeDef("leaf"), TreeDef("none")
+_CONTAINERS = (list, tuple, dict)
 
 
 def flatten(x: Any, path: str = "") -> tuple[list[Any], list[str], TreeDef]:
@@ -34,6 +35,10 @@ def flatten(x: Any, path: str = "") -> tuple[list[Any], list[str], TreeDef]:
     if x is None:
         return [], [], NONE
     if isinstance(x, (list, tuple)) and type(x) in (list, tuple):
+        if not any(type(e) in _CONTAINERS or e is None for e in x):  # a list of leaves (of
+            prefix = f"{path}." if path else ""                      # 1,000 gradients, say)
+            return list(x), [f"{prefix}{i}" for i in range(len(x))], \
+                TreeDef(type(x).__name__, (LEAF,) * len(x))
         items = list(enumerate(x))
         kind = type(x).__name__
     elif isinstance(x, dict):

@@ -133,6 +133,9 @@ class NativeKernel:
         # when an operand is a different array than last time: parameter buffers never are,
         # and gradients often are the same buffers step after step.
         self._seen: list[object] = [None] * len(node.inputs)
+        # Operands made inside the step (not graph inputs, checked before it): the runtime
+        # makes them contiguous before each call.
+        self._made_inside = [i for i, v in enumerate(node.inputs) if not v.is_input]
         self._elements = sum(math.prod(space) for space in node.attrs["spaces"])
         self._splits: dict[int, list[tuple[int, int]]] = {}
 
@@ -292,8 +295,9 @@ class LLVMProgram:
         if native is not None:
             # Graph inputs were checked before the step (parameters are owned, contiguous
             # buffers; arguments native code reads were checked by the Executable).
-            arrays = [a if v.is_input else self._contiguous(a, v)
-                      for a, v in zip(args, node.inputs)]
+            arrays = args
+            for i in native._made_inside:
+                arrays[i] = self._contiguous(args[i], node.inputs[i])
             env.update(zip(node.outputs, native.run(arrays)))
             return
         try:
