@@ -7,6 +7,7 @@ import os
 
 import numpy as np
 import pytest
+import support
 
 import graphopt as go
 from graphopt import ops
@@ -19,10 +20,7 @@ HERE = os.path.basename(__file__)
 
 def line_of(marker: str) -> int:
     """The line of this file ending in `# <marker>` (exactly one)."""
-    with open(__file__) as f:
-        hits = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    return support.line_of(__file__, marker)
 
 
 def assert_points_here(err: GraphoptError, marker: str) -> None:

@@ -9,6 +9,7 @@ import warnings
 
 import numpy as np
 import pytest
+import support
 
 import graphopt as go
 from graphopt import ops
@@ -23,11 +24,8 @@ HERE = os.path.basename(__file__)
 
 # -- helpers ------------------------------------------------------------------------------------
 def line_of(marker: str) -> int:
-    """The line of this file holding `# <marker>` (exactly one)."""
-    with open(__file__) as f:
-        hits = [i for i, text in enumerate(f, 1) if text.rstrip().endswith(f"# {marker}")]
-    assert len(hits) == 1, (marker, hits)
-    return hits[0]
+    """The line of this file ending in `# <marker>` (exactly one)."""
+    return support.line_of(__file__, marker)
 
 
 def nodes(graph: go.Graph, op: str) -> list:

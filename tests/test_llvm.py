@@ -13,6 +13,7 @@ from hypothesis import strategies as st
 import graphopt as go
 from graphopt import ops
 from graphopt.errors import ExecutionError, SignatureError
+from support import run_program
 
 TOL = {np.float64: (1e-12, 1e-12), np.float32: (2e-5, 1e-6), np.float16: (4e-3, 1e-3)}
 
@@ -108,26 +109,8 @@ programs = st.lists(st.tuples(st.sampled_from(["unary", "binary", "where", "sum"
 
 def random_step(prog):
     def build(params):
-        def step(a, b, c, d):
-            pool = [a, b, c, d] + list(params)
-            outs = []
-            for kind, i, j, k in prog:
-                x, y = pool[i % len(pool)], pool[j % len(pool)]
-                if kind == "unary":
-                    pool.append(SAFE_UNARY[j % len(SAFE_UNARY)](x))
-                elif kind == "binary":
-                    pool.append(SAFE_BINARY[j % len(SAFE_BINARY)](x, y))
-                elif kind == "where":
-                    pool.append(ops.where(x > y, x, y * k))
-                elif kind == "const":
-                    pool.append(x * k + k)
-                elif kind in ("sum", "max", "mean"):
-                    outs.append(getattr(x, kind)())
-                elif kind == "assign":
-                    same = [p for p in params if p.shape == tuple(x.shape)]
-                    go.assign(same[j % len(same)], x)
-            return outs + [pool[-1]]
-        return step
+        return lambda a, b, c, d: run_program(prog, params, [a, b, c, d], SAFE_UNARY,
+                                              SAFE_BINARY)
     return build
 
 

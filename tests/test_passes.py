@@ -11,6 +11,7 @@ import graphopt as go
 from graphopt import ops, passes
 from graphopt.ir import kernel
 from graphopt.passes import PassError
+from support import run_program
 
 
 def sgd_graph():
@@ -173,29 +174,7 @@ program = st.lists(st.tuples(st.sampled_from(["unary", "binary", "where", "const
 
 
 def interpret(prog, params, args):
-    """A random step: a pool of values grows by ops picked by the program."""
-    pool = list(args) + list(params)
-    outputs = []
-    for kind, a, b, c in prog:
-        x, y = pool[a % len(pool)], pool[b % len(pool)]
-        if kind == "unary":
-            pool.append(UNARY[b % len(UNARY)](x))
-        elif kind == "binary":
-            pool.append(BINARY[b % len(BINARY)](x, y))
-        elif kind == "where":
-            pool.append(ops.where(x > y, x, y * c))
-        elif kind == "const":
-            pool.append(x * c + c)
-        elif kind == "pow":
-            pool.append(x ** c)
-        elif kind == "sum":
-            outputs.append(x.sum())
-        elif kind == "partial_sum":
-            outputs.append(x.sum(axis=0) if x.ndim else x)
-        elif kind == "assign":
-            same_shape = [p for p in params if p.shape == tuple(x.shape)]
-            go.assign(same_shape[b % len(same_shape)], x)
-    return outputs + [pool[-1]]
+    return run_program(prog, params, args, UNARY, BINARY)
 
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
