@@ -3,7 +3,7 @@ import numpy as np
 import pytest
 
 import graphopt as go
-from graphopt import ops, optim
+from graphopt import optim
 from graphopt.errors import AssignError
 from graphopt.frontend.hypermap import MapUnsupported, hypermap
 

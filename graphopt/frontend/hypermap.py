@@ -21,13 +21,13 @@ from __future__ import annotations
 from typing import Any, Callable, Hashable
 
 from ..errors import GraphoptError
-from ..ir.graph import Graph, Location, Node, Value
+from ..ir.graph import Location, Node, Value
 from ..ir.kernel import infer_types
 from ..ir.registry import CONSTANT, ELEMENTWISE, OpDef
 from ..ir.types import TensorType
 from . import tracer
 from .parameter import Parameter
-from .tensor import Tensor, TracedTensor
+from .tensor import TracedTensor
 
 
 def _scalar_ops() -> frozenset[str]:

@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import graphviz
     import networkx as nx
 
-    from .graph import Graph, Node, Value
+    from .graph import Graph, Value
 
 # Pastel fills that keep black text readable; indexed by crc32(op) so colours are stable.
 # No reds: red is kept for effects (assign, "writes", the return's effect edges).
