@@ -332,3 +332,40 @@ def test_cli_emits_llvm_ir_and_assembly(tmp_path, capsys):
     assert "define void @kernel_" in capsys.readouterr().out
     assert main(["opt", str(src), "--passes", "fuse", "--emit", "asm"]) == 0
     assert ".globl\tkernel_" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_a_fully_fused_step_is_one_native_call_per_thread(threads, monkeypatch):
+    """The graph sink: every kernel of the step in one call per thread, with a barrier
+    between kernels; the same bits as calling the kernels one by one."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", threads)
+    sizes = [300_000, 200_000, 7, 1000]
+    runs = []
+    for sink in (True, False):
+        ps = [go.Parameter(np.linspace(-1, 1, n, dtype=np.float32), name=f"w{i}")
+              for i, n in enumerate(sizes)]
+        opt = go.optim.Adam(ps, lr=1e-3)
+        grads = [np.cos(np.arange(n, dtype=np.float32)) for n in sizes]
+        fn = go.jit(opt.step, cache=False)
+        program = fn.lower(grads).program
+        assert program.sink and len(program.kernels) == 2 and program.native_calls == 1
+        program.sink = sink  # the same kernels, called one by one
+        for _ in range(4):
+            fn(grads)
+        runs.append([p.numpy() for p in ps])
+    for a, b in zip(*runs):
+        assert a.tobytes() == b.tobytes()
+
+
+def test_a_step_that_needs_a_reduction_between_kernels_calls_them_one_by_one():
+    ps = [go.Parameter(np.ones(n, np.float32), name=f"w{i}") for i, n in enumerate([5, 6])]
+    opt = go.optim.Adam(ps, lr=1e-3)
+
+    def step(g):
+        clipped, norm = go.optim.clip_grad_norm(g, 1.0)  # the norm is combined in Python
+        opt.step(clipped)
+        return norm
+
+    program = go.jit(step, cache=False).lower([np.ones(5, np.float32),
+                                               np.ones(6, np.float32)]).program
+    assert not program.sink and program.native_calls == len(program.kernels) == 3

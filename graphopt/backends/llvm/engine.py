@@ -110,3 +110,86 @@ def load(object_code: bytes, name: str) -> KernelFn:
             _engines.append(engine)
             _loaded[name] = address
         return KernelFn(_loaded[name])
+
+
+# -- the step sink: a whole step of kernels in one native call per thread ----------------------
+SinkFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_int64, ctypes.c_void_p)
+SINK_NAME = "graphopt_sink_v1"
+
+# void sink(i64 count, i64* entries, i64 thread, i64 threads, i64 stride, i64* barrier)
+#
+# Runs `count` kernels in order. Entry k (a row of `stride` i64) holds the kernel's function
+# address, its pointer table, its partials, then a (lo, hi) range of units per thread. Each
+# thread runs its range of kernel k, then waits at the barrier (a counter every thread
+# increments) until all threads are done with k: MindSpore's "graph sink", one native call per
+# thread for the step instead of one per kernel. Written as text: an indirect call through an
+# opaque pointer is one line here, and llvmlite's builder has no way to say it.
+SINK_IR = """
+define void @graphopt_sink_v1(i64 %count, ptr %entries, i64 %thread, i64 %threads,
+                              i64 %stride, ptr %barrier) {
+entry:
+  %lo.at = mul i64 %thread, 2
+  %lo.off = add i64 %lo.at, 3
+  %hi.off = add i64 %lo.at, 4
+  br label %head
+head:
+  %k = phi i64 [ 0, %entry ], [ %k1, %next ]
+  %more = icmp slt i64 %k, %count
+  br i1 %more, label %body, label %done
+body:
+  %row = mul i64 %k, %stride
+  %lo.i = add i64 %row, %lo.off
+  %lo.p = getelementptr i64, ptr %entries, i64 %lo.i
+  %lo = load i64, ptr %lo.p
+  %hi.i = add i64 %row, %hi.off
+  %hi.p = getelementptr i64, ptr %entries, i64 %hi.i
+  %hi = load i64, ptr %hi.p
+  %work = icmp slt i64 %lo, %hi
+  br i1 %work, label %call, label %wait
+call:
+  %fn.p = getelementptr i64, ptr %entries, i64 %row
+  %fn.a = load i64, ptr %fn.p
+  %fn = inttoptr i64 %fn.a to ptr
+  %args.i = add i64 %row, 1
+  %args.p = getelementptr i64, ptr %entries, i64 %args.i
+  %args.a = load i64, ptr %args.p
+  %args = inttoptr i64 %args.a to ptr
+  %part.i = add i64 %row, 2
+  %part.p = getelementptr i64, ptr %entries, i64 %part.i
+  %part.a = load i64, ptr %part.p
+  %part = inttoptr i64 %part.a to ptr
+  call void %fn(i64 %lo, i64 %hi, ptr %args, ptr %part)
+  br label %wait
+wait:
+  %k1 = add i64 %k, 1
+  %last = icmp sge i64 %k1, %count
+  %alone = icmp sle i64 %threads, 1
+  %skip = or i1 %last, %alone
+  br i1 %skip, label %next, label %arrive
+arrive:
+  %old = atomicrmw add ptr %barrier, i64 1 seq_cst
+  %goal = mul i64 %k1, %threads
+  br label %spin
+spin:
+  %seen = load atomic i64, ptr %barrier acquire, align 8
+  %early = icmp slt i64 %seen, %goal
+  br i1 %early, label %spin, label %next
+next:
+  br label %head
+done:
+  ret void
+}
+"""
+
+
+@functools.cache
+def sink() -> SinkFn:
+    """The sink function, compiled once per process (its code never changes)."""
+    with _lock:
+        mod = llvm.parse_assembly(SINK_IR)
+        mod.triple = target_machine().triple
+        mod.data_layout = str(target_machine().target_data)
+        mod.verify()
+        obj = target_machine().emit_object(mod)
+    return SinkFn(ctypes.cast(load(obj, SINK_NAME), ctypes.c_void_p).value)

@@ -137,10 +137,29 @@ class NativeKernel:
         # makes them contiguous before each call.
         self._made_inside = [i for i, v in enumerate(node.inputs) if not v.is_input]
         self._elements = sum(math.prod(space) for space in node.attrs["spaces"])
+        # Reduction blocks' partial results: one buffer per kernel, reused every call.
+        self._partials = np.empty(max(1, self.abi.total_blocks * len(self.abi.reductions)),
+                                  np.float64)
+        self._partials_ptr = self._partials.ctypes.data
         self._splits: dict[int, list[tuple[int, int]]] = {}
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
-        abi, args, seen = self.abi, self._args, self._seen
+        rows = self.prepare(arrays)
+        ranges = self.splits()
+        if len(ranges) == 1:
+            self.fn(ranges[0][0], ranges[0][1], self._args, self._partials_ptr)
+        else:  # the other threads first, then this one; ctypes releases the GIL
+            futures = [_workers().submit(self.fn, lo, hi, self._args, self._partials_ptr)
+                       for lo, hi in ranges[1:]]
+            self.fn(ranges[0][0], ranges[0][1], self._args, self._partials_ptr)
+            for f in futures:
+                f.result()
+        return self.finish(rows)
+
+    def prepare(self, arrays: list[np.ndarray]) -> list[list[np.ndarray | None]]:
+        """Fill the pointer table for a call: the operands, and new arrays for the mapped
+        outputs (returned, instance by instance)."""
+        args, seen = self._args, self._seen
         for i, a in enumerate(arrays):
             if a is not seen[i]:
                 seen[i] = a
@@ -151,24 +170,19 @@ class NativeKernel:
         for slot, (i, k, shape, dtype) in enumerate(self._maps):
             out = rows[i][k] = np.empty(shape, dtype)
             args[base + slot] = out.ctypes.data
-        outs_by_instance = rows
-        n_red = len(abi.reductions)
-        partials = np.empty(max(1, abi.total_blocks * n_red), np.float64)
-        ranges = self.splits()
-        ptr = partials.ctypes.data
-        if len(ranges) == 1:
-            self.fn(ranges[0][0], ranges[0][1], args, ptr)
-        else:  # the other threads first, then this one; ctypes releases the GIL
-            futures = [_workers().submit(self.fn, lo, hi, args, ptr)
-                       for lo, hi in ranges[1:]]
-            self.fn(ranges[0][0], ranges[0][1], args, ptr)
-            for f in futures:
-                f.result()
+        return rows
+
+    def finish(self, rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
+        """The call's results, once the native code has run: reductions combined."""
         self.calls += 1
-        if n_red:
-            self._finish_reductions(partials, outs_by_instance)
-        results = [a for row in outs_by_instance for a in row]
+        if self.abi.reductions:
+            self._finish_reductions(self._partials, rows)
+        results = [a for row in rows for a in row]
         return results + ([None] if self._has_token else [])  # type: ignore[list-item]
+
+    @property
+    def address(self) -> int:
+        return ctypes.cast(self.fn, ctypes.c_void_p).value or 0
 
     def _finish_reductions(self, partials: np.ndarray, rows: list[list]) -> None:
         """Combine the blocks' partial results in order: the same sums on every run."""
@@ -249,9 +263,24 @@ class LLVMProgram:
                             if id(n) in self.native and kernel_ir.written(n)), None)
         self.needs_backup = first_store is not None and any(
             id(n) not in self.native and may_fail(n) for n in graph.nodes[first_store:])
+        # The graph sink: when every node is a kernel compiled here, and no kernel reads a
+        # reduction another computes (reductions are finished in Python after their kernel),
+        # the whole step is one native call per thread (see engine.SINK_IR).
+        reduced = {v for k in self.kernels for v, kind in zip(k.node.outputs, _output_kinds(
+            k.node)) if kind not in ("map", "token")}
+        self.sink = len(self.kernels) > 1 and \
+            all(id(n) in self.native for n in graph.nodes) and \
+            not any(v in reduced for n in graph.nodes for v in n.operands())
+        self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
+        self._barrier = np.zeros(1, np.int64)
         # Views of stored parameters can only come from nodes numpy runs.
         self.numpy_nodes = any(id(n) not in self.native and n.op != "assign"
                                for n in graph.nodes)
+
+    @property
+    def native_calls(self) -> int:
+        """Native calls a step makes on each thread: 1 with the graph sink."""
+        return 1 if self.sink else len(self.kernels)
 
     def listing(self, kind: str = "llvm") -> str:
         """Every compiled kernel as `llvm` (optimised IR), `llvm-raw` (as generated) or `asm`;
@@ -274,6 +303,9 @@ class LLVMProgram:
         # An output that is a stored parameter itself keeps its value from before the step.
         early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
         backups = {v: inputs[v].copy() for v in self.stored} if self.needs_backup else {}
+        if self.sink:
+            self._run_sink(env)
+            return [early.get(v, env[v]) for v in self.graph.outputs], updates
         try:
             with np.errstate(all="ignore"):
                 for node in self.graph.nodes:
@@ -284,6 +316,43 @@ class LLVMProgram:
             raise
         outputs = [early.get(v, env[v]) for v in self.graph.outputs]
         return outputs, updates  # type: ignore[return-value]
+
+    def _run_sink(self, env: dict) -> None:
+        """Every kernel in one native call per thread: pointer tables first (outputs are
+        allocated before anything runs), then the sink, then the reductions."""
+        pending = []
+        for node in self.graph.nodes:
+            k = self.native[id(node)]
+            rows = k.prepare([env[v] for v in node.inputs])
+            env.update(zip(node.outputs, [a for row in rows for a in row]))
+            pending.append((node, k, rows))
+        table, used = self._sink_table()
+        self._barrier[0] = 0
+        call = (len(pending), table.ctypes.data, used, table.shape[1], self._barrier.ctypes.data)
+        sink = engine.sink()
+        futures = [_workers().submit(sink, call[0], call[1], t, *call[2:])
+                   for t in range(1, used)]
+        sink(call[0], call[1], 0, *call[2:])
+        for f in futures:
+            f.result()
+        for node, k, rows in pending:
+            env.update(zip(node.outputs, k.finish(rows)))
+
+    def _sink_table(self) -> tuple[np.ndarray, int]:
+        """One row per kernel: function, pointer table, partials, then each thread's range of
+        units (empty where a kernel is too small to split). Made once per thread count."""
+        n = threads()
+        if n not in self._sink_tables:
+            kernels = [self.native[id(node)] for node in self.graph.nodes]
+            ranges = [k.splits() for k in kernels]
+            used = max(len(r) for r in ranges)
+            table = np.zeros((len(kernels), 3 + 2 * used), np.int64)
+            for row, k, r in zip(table, kernels, ranges):
+                row[:3] = (k.address, ctypes.addressof(k._args), k._partials_ptr)
+                for t, (lo, hi) in enumerate(r):
+                    row[3 + 2 * t: 5 + 2 * t] = (lo, hi)
+            self._sink_tables[n] = (table, used)
+        return self._sink_tables[n]
 
     def _run_node(self, node: Node, env: dict, updates: dict, stored_roots: set[int]) -> None:
         if node.op == "assign":
@@ -327,6 +396,12 @@ class LLVMProgram:
             a = np.ascontiguousarray(a, dtype=v.dtype.np_dtype)
         assert a.shape == v.shape, (a.shape, v.shape)
         return a
+
+
+def _output_kinds(node: Node) -> list[str]:
+    """The kind of each output of a kernel node ("map", "sum", ...; "token" last)."""
+    kinds = list(node.attrs["outputs"]) * len(node.attrs["spaces"])
+    return kinds + ["token"] * (len(node.outputs) - len(kinds))
 
 
 def may_fail(node: Node) -> bool:
