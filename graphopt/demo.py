@@ -116,8 +116,8 @@ def run(out_dir: str = "graphopt_demo_out", steps: int = 5) -> int:
               f"{cost.bytes_per_element} B/elem, {k.compile_seconds * 1e3:.1f} ms, "
               f"{'loaded from the disk cache' if k.cache_hit else 'compiled'} "
               f"(key {k.key[:12]})")
-    print(f"native calls per step: {compiled.program.native_calls} (one per kernel; a step "
-          f"whose kernels need no reduction combined between them is one call, the sink)")
+    print(f"native calls per step: {compiled.program.native_calls} per thread (the graph "
+          f"sink runs every kernel of the step in one call)")
 
     print(f"\n== {steps} steps ({compiled.backend_name} backend), checked against plain numpy")
     for k in range(steps):

@@ -357,15 +357,34 @@ def test_a_fully_fused_step_is_one_native_call_per_thread(threads, monkeypatch):
         assert a.tobytes() == b.tobytes()
 
 
-def test_a_step_that_needs_a_reduction_between_kernels_calls_them_one_by_one():
-    ps = [go.Parameter(np.ones(n, np.float32), name=f"w{i}") for i, n in enumerate([5, 6])]
-    opt = go.optim.Adam(ps, lr=1e-3)
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_reductions_between_kernels_are_combined_inside_the_sink(threads, monkeypatch):
+    """Clipping: the gradient norm is a reduction the update reads. Its blocks' partial
+    results are combined by native code the sink runs between the kernels, so the step is
+    still one call per thread, with the same bits as kernel by kernel."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", threads)
+    sizes = [300_000, 5, 70_000]
+    runs = []
+    for sink in (True, False):
+        ps = [go.Parameter(np.linspace(-1, 1, n, dtype=np.float32), name=f"w{i}")
+              for i, n in enumerate(sizes)]
+        opt = go.optim.Adam(ps, lr=1e-3)
 
-    def step(g):
-        clipped, norm = go.optim.clip_grad_norm(g, 1.0)  # the norm is combined in Python
-        opt.step(clipped)
-        return norm
+        def step(g):
+            clipped, norm = go.optim.clip_grad_norm(g, 1.0)
+            opt.step(clipped)
+            return norm
 
-    program = go.jit(step, cache=False).lower([np.ones(5, np.float32),
-                                               np.ones(6, np.float32)]).program
-    assert not program.sink and program.native_calls == len(program.kernels) == 3
+        grads = [np.cos(np.arange(n, dtype=np.float32)) for n in sizes]
+        fn = go.jit(step, cache=False)
+        program = fn.lower(grads).program
+        assert program.sink and program.native_calls == 1 and len(program.kernels) == 3
+        program.sink = sink
+        norms = [float(fn(grads)) for _ in range(3)]
+        runs.append(([p.numpy() for p in ps], norms))
+    (p1, n1), (p2, n2) = runs
+    assert n1 == n2
+    np.testing.assert_allclose(n1[0], np.sqrt(sum((np.cos(np.arange(n)) ** 2).sum()
+                                                  for n in sizes)), rtol=1e-5)
+    for a, b in zip(p1, p2):
+        assert a.tobytes() == b.tobytes()

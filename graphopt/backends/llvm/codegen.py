@@ -31,7 +31,7 @@ from ...ir.graph import Node, Value
 from ...ir.kernel import REDUCTIONS, layout, stores
 from ...ir.printer import format_graph
 from ...ir.types import TensorType
-from .emitter import I64, Emitter, LoweringError, compute_type
+from .emitter import F32, I64, Emitter, LoweringError, compute_type, storage_type
 
 BLOCK_ELEMENTS = 8192  # elements per reduction block (a few pages of each operand)
 PTR = ir.PointerType()
@@ -65,6 +65,11 @@ class KernelABI:
     n_maps: int  # mapped outputs per instance
     reductions: tuple[str, ...]  # kind of each reduced output, in body-output order
     has_token: bool
+
+    @property
+    def finisher(self) -> str | None:
+        """The function that combines the blocks' partial results (kernels with reductions)."""
+        return f"{self.name}_finish" if self.reductions else None
 
     @functools.cached_property
     def total_units(self) -> int:
@@ -218,7 +223,72 @@ class _Builder:
                   lambda i: self.instance(i, self.at(offsets, i), self.at(units, i),
                                           self.at(blocks, i), first), "inst")
         b.ret_void()
+        if abi.reductions:
+            self.build_finisher(blocks)
         return self.module
+
+    def build_finisher(self, block_offsets: ir.GlobalVariable) -> None:
+        """void <name>_finish(i64, i64, ptr args, ptr partials): each instance's reductions,
+        its blocks' partial results combined in order (the same sums on every run), written
+        to the output slots after the mapped outputs. Same signature as a kernel, so the sink
+        can run it as a step of its own (the range is ignored: one thread runs it)."""
+        abi, lay = self.abi, self.lay
+        fn = ir.Function(self.module, self.fn.function_type, abi.finisher)
+        fn.attributes.add("nounwind")
+        self.fn, self.entry = fn, fn.append_basic_block("entry")
+        self.lo, self.hi, self.args, self.partials = fn.args
+        self.b = b = ir.IRBuilder(self.entry)
+        self.e = Emitter(b, self.module)
+        n_red = len(abi.reductions)
+        counts = self.table("blocks", [i.blocks for i in abi.instances])
+        sizes = self.table("elements", [int(np.prod(s, dtype=np.int64))
+                                        for s in self.node.attrs["spaces"]])
+        outs = [self.node.body.outputs[k] for k in self._reduced_outputs()]
+        accs = [b.alloca(F64 if o.dtype.is_float else I64) for o in outs]
+        first_slot = len(self.node.inputs) + lay.instances * abi.n_maps
+
+        def instance(i):
+            start, count = self.at(block_offsets, i), self.at(counts, i)
+            for acc, kind in zip(accs, abi.reductions):
+                b.store(self.reduction_init(kind, acc.allocated_type), acc)
+
+            def block(j):
+                row = b.mul(b.add(start, j), self.i64(n_red))
+                for r, (acc, kind) in enumerate(zip(accs, abi.reductions)):
+                    raw = b.load(b.gep(self.partials, [b.add(row, self.i64(r))],
+                                       source_etype=F64), typ=F64)
+                    t = acc.allocated_type
+                    value = raw if t == F64 else b.bitcast(raw, I64)
+                    now = b.load(acc, typ=t)
+                    if kind == "max":
+                        new = self.e.maximum(now, value)
+                    else:
+                        new = b.fadd(now, value) if t == F64 else b.add(now, value)
+                    b.store(new, acc)
+
+            self.loop(self.i64(0), count, block, "part")
+            for r, (acc, kind, out) in enumerate(zip(accs, abi.reductions, outs)):
+                v = b.load(acc, typ=acc.allocated_type)
+                if kind == "mean":
+                    v = b.fdiv(v, b.sitofp(self.at(sizes, i), F64))
+                slot = b.add(self.i64(first_slot + r), b.mul(i, self.i64(n_red)))
+                self.store_result(v, self.arg_ptr(slot), out.dtype)
+
+        self.loop(self.i64(0), self.i64(lay.instances), instance, "inst")
+        b.ret_void()
+
+    def store_result(self, v: ir.Value, ptr: ir.Value, dtype) -> None:
+        """An f64 (or i64) result into an output of `dtype`, rounded once, as numpy's astype
+        rounds it."""
+        b, t = self.b, storage_type(dtype)
+        if dtype.is_float:
+            if dtype.name == "bf16":
+                v = self.e.f32_to_bf16(b.fptrunc(v, F32))  # f64 -> f32 -> bf16
+            elif t != F64:
+                v = b.fptrunc(v, t)
+        elif t != I64:
+            v = b.trunc(v, t)
+        b.store(v, ptr)
 
     def _acc_type(self, r: int) -> ir.Type:
         out = self.node.body.outputs[self._reduced_outputs()[r]]

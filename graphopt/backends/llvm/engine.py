@@ -17,7 +17,7 @@ import llvmlite
 import llvmlite.binding as llvm
 from llvmlite import ir
 
-CODEGEN_VERSION = "1"  # bump when generated code changes for the same kernel text
+CODEGEN_VERSION = "2"  # bump when generated code changes for the same kernel text
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_void_p)
 _lock = threading.Lock()  # LLVM's global state is not thread-safe
@@ -90,26 +90,33 @@ def _new_target_machine() -> llvm.TargetMachine:
                                         opt=3, reloc="pic", jit=True)
 
 
-def load(object_code: bytes, name: str) -> KernelFn:
+def load(object_code: bytes, name: str, *also: str) -> KernelFn:
     """Link object code into the process and return its function.
 
     Each kernel gets an MCJIT engine of its own, kept for the life of the process: an engine
     owns its target machine, disposing one whose code may still run crashes, and linking
     several objects into one engine mis-linked them (seen with llvmlite 0.50: a kernel
     loaded after one that calls libm computed wrong results). A kernel already loaded under
-    this name (names are hashes of what the code does) is reused."""
+    this name (names are hashes of what the code does) is reused. `also`: other functions of
+    the same object, found later with `function(name)`."""
     with _lock:
         if name not in _loaded:
             target_machine()  # initialises LLVM's native target
             engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _new_target_machine())
             engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
             engine.finalize_object()
-            address = engine.get_function_address(name)
-            if not address:
-                raise RuntimeError(f"function {name} not found in its object code")
+            for symbol in (name, *also):
+                address = engine.get_function_address(symbol)
+                if not address:
+                    raise RuntimeError(f"function {symbol} not found in its object code")
+                _loaded[symbol] = address
             _engines.append(engine)
-            _loaded[name] = address
         return KernelFn(_loaded[name])
+
+
+def function(name: str) -> KernelFn:
+    """A function loaded before (by `load`, as one of `also`)."""
+    return KernelFn(_loaded[name])
 
 
 # -- the step sink: a whole step of kernels in one native call per thread ----------------------

@@ -126,8 +126,14 @@ class NativeKernel:
                       for i, space in enumerate(node.attrs["spaces"])
                       for k, (kind, r) in enumerate(zip(node.attrs["outputs"],
                                                         node.body.outputs)) if kind == "map"]
-        n = len(node.inputs) + len(self._maps)
+        # Reduced outputs: (instance, body output, dtype), one slot each after the maps.
+        kinds = node.attrs["outputs"]
+        self._reduced = [(i, k, r.dtype.np_dtype) for i in range(len(node.attrs["spaces"]))
+                         for k, (kind, r) in enumerate(zip(kinds, node.body.outputs))
+                         if kind != "map"]
+        n = len(node.inputs) + len(self._maps) + len(self._reduced)
         self._args = (ctypes.c_void_p * max(1, n))()  # the pointer table, reused every call
+        self.finish_fn = engine.function(self.abi.finisher) if self.abi.finisher else None
         # An array's buffer never moves while the array lives (numpy refuses to resize an
         # array something else references, and `_seen` does), so a pointer is taken only
         # when an operand is a different array than last time: parameter buffers never are,
@@ -170,38 +176,25 @@ class NativeKernel:
         for slot, (i, k, shape, dtype) in enumerate(self._maps):
             out = rows[i][k] = np.empty(shape, dtype)
             args[base + slot] = out.ctypes.data
+        base += len(self._maps)
+        for slot, (i, k, dtype) in enumerate(self._reduced):
+            out = rows[i][k] = np.empty((), dtype)
+            args[base + slot] = out.ctypes.data
         return rows
 
-    def finish(self, rows: list[list[np.ndarray | None]]) -> list[np.ndarray]:
-        """The call's results, once the native code has run: reductions combined."""
+    def finish(self, rows: list[list[np.ndarray | None]], combined: bool = False
+               ) -> list[np.ndarray]:
+        """The call's results, once the native code has run; `combined`: the reductions'
+        partial results were combined already (the sink runs the finisher itself)."""
         self.calls += 1
-        if self.abi.reductions:
-            self._finish_reductions(self._partials, rows)
+        if self.finish_fn is not None and not combined:
+            self.finish_fn(0, 1, self._args, self._partials_ptr)
         results = [a for row in rows for a in row]
         return results + ([None] if self._has_token else [])  # type: ignore[list-item]
 
     @property
     def address(self) -> int:
-        return ctypes.cast(self.fn, ctypes.c_void_p).value or 0
-
-    def _finish_reductions(self, partials: np.ndarray, rows: list[list]) -> None:
-        """Combine the blocks' partial results in order: the same sums on every run."""
-        n_red = len(self.abi.reductions)
-        table = partials[: self.abi.total_blocks * n_red].reshape(-1, n_red)
-        reduced = [k for k, kind in enumerate(self.node.attrs["outputs"]) if kind != "map"]
-        for r, (kind, k) in enumerate(zip(self.abi.reductions, reduced)):
-            dtype = self.node.body.outputs[k].dtype
-            column = table[:, r].view(np.int64) if not dtype.is_float else table[:, r]
-            for inst, row, space in zip(self.abi.instances, rows, self.node.attrs["spaces"]):
-                part = column[inst.block_offset: inst.block_offset + inst.blocks]
-                if kind == "max":
-                    value = part.max() if part.size else -np.inf
-                else:
-                    value = part.sum()
-                    if kind == "mean":
-                        value = value / max(1, int(np.prod(space, dtype=np.int64)))
-                with np.errstate(all="ignore"):
-                    row[k] = np.asarray(value).astype(dtype.np_dtype)
+        return _address(self.fn)
 
 
 @dataclass
@@ -230,7 +223,7 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
         obj, optimized = compiled.object_code, compiled.optimized_ir
         if use_cache and cache.enabled():
             cache.store(key, parts, obj)
-    fn = engine.load(obj, abi.name)
+    fn = engine.load(obj, abi.name, *([abi.finisher] if abi.finisher else []))
     return NativeKernel(node, abi, fastmath, key, parts, time.perf_counter() - start, hit,
                         optimized, fn, _module=module)
 
@@ -266,11 +259,7 @@ class LLVMProgram:
         # The graph sink: when every node is a kernel compiled here, and no kernel reads a
         # reduction another computes (reductions are finished in Python after their kernel),
         # the whole step is one native call per thread (see engine.SINK_IR).
-        reduced = {v for k in self.kernels for v, kind in zip(k.node.outputs, _output_kinds(
-            k.node)) if kind not in ("map", "token")}
-        self.sink = len(self.kernels) > 1 and \
-            all(id(n) in self.native for n in graph.nodes) and \
-            not any(v in reduced for n in graph.nodes for v in n.operands())
+        self.sink = len(self.kernels) > 1 and all(id(n) in self.native for n in graph.nodes)
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
         # Views of stored parameters can only come from nodes numpy runs.
@@ -328,7 +317,8 @@ class LLVMProgram:
             pending.append((node, k, rows))
         table, used = self._sink_table()
         self._barrier[0] = 0
-        call = (len(pending), table.ctypes.data, used, table.shape[1], self._barrier.ctypes.data)
+        call = (table.shape[0], table.ctypes.data, used, table.shape[1],
+                self._barrier.ctypes.data)
         sink = engine.sink()
         futures = [_workers().submit(sink, call[0], call[1], t, *call[2:])
                    for t in range(1, used)]
@@ -336,20 +326,24 @@ class LLVMProgram:
         for f in futures:
             f.result()
         for node, k, rows in pending:
-            env.update(zip(node.outputs, k.finish(rows)))
+            env.update(zip(node.outputs, k.finish(rows, combined=True)))
 
     def _sink_table(self) -> tuple[np.ndarray, int]:
         """One row per kernel: function, pointer table, partials, then each thread's range of
         units (empty where a kernel is too small to split). Made once per thread count."""
         n = threads()
         if n not in self._sink_tables:
-            kernels = [self.native[id(node)] for node in self.graph.nodes]
-            ranges = [k.splits() for k in kernels]
-            used = max(len(r) for r in ranges)
-            table = np.zeros((len(kernels), 3 + 2 * used), np.int64)
-            for row, k, r in zip(table, kernels, ranges):
-                row[:3] = (k.address, ctypes.addressof(k._args), k._partials_ptr)
-                for t, (lo, hi) in enumerate(r):
+            steps = []  # (function address, kernel, ranges)
+            for node in self.graph.nodes:
+                k = self.native[id(node)]
+                steps.append((k.address, k, k.splits()))
+                if k.finish_fn is not None:  # one thread combines the partials
+                    steps.append((_address(k.finish_fn), k, [(0, 1)]))
+            used = max(len(r) for _, _, r in steps)
+            table = np.zeros((len(steps), 3 + 2 * used), np.int64)
+            for row, (address, k, ranges) in zip(table, steps):
+                row[:3] = (address, ctypes.addressof(k._args), k._partials_ptr)
+                for t, (lo, hi) in enumerate(ranges):
                     row[3 + 2 * t: 5 + 2 * t] = (lo, hi)
             self._sink_tables[n] = (table, used)
         return self._sink_tables[n]
@@ -398,10 +392,8 @@ class LLVMProgram:
         return a
 
 
-def _output_kinds(node: Node) -> list[str]:
-    """The kind of each output of a kernel node ("map", "sum", ...; "token" last)."""
-    kinds = list(node.attrs["outputs"]) * len(node.attrs["spaces"])
-    return kinds + ["token"] * (len(node.outputs) - len(kinds))
+def _address(fn: object) -> int:
+    return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
 
 def may_fail(node: Node) -> bool:
