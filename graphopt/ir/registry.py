@@ -7,7 +7,7 @@ themselves live in `opdefs.py`.
 """
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -48,7 +48,6 @@ class OpDef:
     # Attributes read off the printed result type instead of printed (shape, dtype).
     type_attrs: tuple[str, ...] = ()
     doc: str = ""
-    extra: dict[str, Any] = field(default_factory=dict)
     # Reverse mode (frontend/autodiff.py): one rule per input, None where no gradient flows
     # (an integer index, a condition); `vjp=None` means the op is not differentiable.
     vjp: tuple[VjpRule | None, ...] | None = None
@@ -57,9 +56,6 @@ class OpDef:
     # is not compiled, and a kernel holding it runs through numpy.
     lower: Callable[..., Any] | None = None
 
-    @property
-    def is_pure(self) -> bool:
-        return self.category not in (EFFECT,)
 
 
 REGISTRY: dict[str, OpDef] = {}

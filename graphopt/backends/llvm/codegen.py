@@ -61,7 +61,6 @@ class KernelABI:
 
     name: str
     instances: tuple[Instance, ...]
-    n_operands: int  # len(node.inputs)
     n_maps: int  # mapped outputs per instance
     reductions: tuple[str, ...]  # kind of each reduced output, in body-output order
     has_token: bool
@@ -138,7 +137,7 @@ def plan(node: Node, fastmath: bool = False) -> KernelABI:
         block_offset += inst.blocks
     # The function's name says what it computes: the same name is the same code.
     digest = hashlib.sha256((canonical_text(node) + flags(fastmath)).encode()).hexdigest()[:16]
-    return KernelABI(f"kernel_{digest}", tuple(instances), len(node.inputs), n_maps,
+    return KernelABI(f"kernel_{digest}", tuple(instances), n_maps,
                      tuple(k for k in kinds if k != "map"), lay.has_token)
 
 

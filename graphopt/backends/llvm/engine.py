@@ -10,7 +10,6 @@ import ctypes
 import functools
 import platform
 import threading
-import time
 from dataclasses import dataclass
 
 import llvmlite
@@ -44,10 +43,8 @@ def target_parts() -> dict[str, str]:
 
 @dataclass
 class Compiled:
-    ir_text: str  # as generated
     optimized_ir: str
     object_code: bytes
-    seconds: float
 
 
 def optimize(module: ir.Module) -> llvm.ModuleRef:
@@ -66,12 +63,9 @@ def optimize(module: ir.Module) -> llvm.ModuleRef:
 
 
 def compile_module(module: ir.Module) -> Compiled:
-    start = time.perf_counter()
     with _lock:
         mod = optimize(module)
-        obj = target_machine().emit_object(mod)
-        optimized = str(mod)
-    return Compiled(str(module), optimized, obj, time.perf_counter() - start)
+        return Compiled(str(mod), target_machine().emit_object(mod))
 
 
 def assembly(module: ir.Module) -> str:
