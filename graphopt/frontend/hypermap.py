@@ -181,17 +181,22 @@ def hypermap(rule: Callable[[], Any], instances: list[dict[Hashable, Any]]) -> N
 def _bind(parent: tracer.Trace, mt: MapTrace, instances: list[dict[Hashable, Any]]
           ) -> tuple[list[list[Value]], list[list[int]]]:
     """Each instance's operand for each role the body reads, and each instance's space."""
+    reads = [(kind, key, mt.by_key[(kind, key)].dtype) for kind, key in mt.inputs]
+    stored = [mt.inputs.index(("role", (r,))) for r in mt.stores]
+    written = parent.assigned.keys() | parent.map_writes.keys()
     operands, spaces = [], []
     for instance in instances:
         row: list[Value] = []
         space = None
-        for kind, key in mt.inputs:
+        for kind, key, dtype in reads:
             if kind == "shared":
                 row.append(key)
                 continue
-            obj = _walk(instance.get(key[0]), key[1:], key[0], mt.chain)
+            obj = instance.get(key[0])
+            if len(key) > 1:
+                obj = _walk(obj, key[1:], key[0], mt.chain)
             if isinstance(obj, Parameter):
-                if id(obj) in parent.assigned or id(obj) in parent.map_writes:
+                if id(obj) in written:
                     raise MapUnsupported(f"{obj.name} was already assigned in this step")
                 v = parent.read_input(obj)
             elif isinstance(obj, TracedTensor) and obj.trace is parent:
@@ -200,15 +205,14 @@ def _bind(parent: tracer.Trace, mt: MapTrace, instances: list[dict[Hashable, Any
                 v = obj
             else:
                 raise MapUnsupported(f"role {key!r} is not a Parameter or a traced tensor")
-            if v.dtype != mt.by_key[(kind, key)].dtype or (space is not None and
-                                                          v.shape != space):
+            t = v.type
+            if t.dtype != dtype or (space is not None and t.shape != space):
                 raise MapUnsupported(f"role {key!r} does not line up with the others")
-            space = v.shape
+            space = t.shape
             row.append(v)
         if space is None:
             raise MapUnsupported("the rule reads no tensor of an instance")
-        stored = [row[mt.inputs.index(("role", (r,)))] for r in mt.stores]
-        if any(sum(u is v for u in row) != 1 for v in stored):
+        if any(row.count(row[k]) != 1 for k in stored):  # Values compare by identity
             raise MapUnsupported("a parameter the rule updates is also read another way")
         operands.append(row)
         spaces.append(list(space))

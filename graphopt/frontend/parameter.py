@@ -21,7 +21,7 @@ _NAME = re.compile(r"[A-Za-z_][\w.]*\Z")
 
 
 class Parameter(Tensor):
-    __slots__ = ("name", "_value", "__weakref__")
+    __slots__ = ("name", "_value", "_type", "__weakref__")
 
     def __init__(self, value: Any, name: str | None = None, dtype: Any = None,
                  copy: bool = True):
@@ -34,7 +34,7 @@ class Parameter(Tensor):
         arr = a if owned else np.array(a, dtype=to_dtype(dtype).np_dtype if dtype else None,
                                        order="C", copy=True)
         try:
-            to_dtype(arr.dtype)
+            dt = to_dtype(arr.dtype)
         except TypeError as e:
             raise ParameterError(f"Parameter {name or ''}: {e}") from None
         if name is None:
@@ -43,11 +43,12 @@ class Parameter(Tensor):
             raise ParameterError(f"Parameter name {name!r} must start with a letter or '_' and "
                                  f"hold only letters, digits, '_' and '.'")
         self.name = name
-        self._value = arr  # owned, C-contiguous; updated in place by steps
+        self._value = arr  # owned, C-contiguous; updated in place by steps, never replaced
+        self._type = TensorType(arr.shape, dt)
 
     @property
     def type(self) -> TensorType:  # type: ignore[override]
-        return TensorType(self._value.shape, to_dtype(self._value.dtype))
+        return self._type
 
     def numpy(self) -> np.ndarray:
         """A copy of the current value."""

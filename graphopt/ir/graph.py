@@ -165,9 +165,8 @@ class Graph:
     def clone(self) -> Graph:
         """A deep copy: new Values and Nodes (bodies too), the same structure."""
         g = Graph(self.name)
-        vmap: dict[Value, Value] = {}
-        for v in self.inputs:
-            vmap[v] = g.add_input(v.kind, v.name, v.type)
+        g.inputs = [Value(v.type, kind=v.kind, name=v.name) for v in self.inputs]
+        vmap: dict[Value, Value] = dict(zip(self.inputs, g.inputs))
         for n in self.nodes:
             m = Node(n.op, [vmap.get(v, v) for v in n.inputs], n.attrs,
                      [v.type for v in n.outputs], [vmap.get(v, v) for v in n.after], n.loc,

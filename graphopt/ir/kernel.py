@@ -29,8 +29,9 @@ the token.
 """
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
-from typing import Any, Sequence
+from typing import Any, Iterator, Sequence
 
 import numpy as np
 
@@ -101,6 +102,24 @@ def instance_operands(node: Node, instance: int, lay: Layout | None = None) -> l
     return [node.inputs[lay.operand_index(instance, j)] for j in range(lay.body_inputs)]
 
 
+def instance_rows(node: Node, lay: Layout | None = None) -> Iterator[list[Value]]:
+    """instance_operands of every instance, in order; one slice each (a multi-tensor kernel
+    has thousands of instances, and every pass that checks them walks this)."""
+    lay = lay or layout(node)
+    per = len(lay.per_instance)
+    ins = node.inputs
+    if not lay.shared:
+        for i in range(0, lay.instances * per, per):
+            yield ins[i:i + per]
+        return
+    tail = ins[lay.instances * per:]
+    order = [per + lay.shared.index(j) if j in lay.shared else lay._slot[j]
+             for j in range(lay.body_inputs)]
+    for i in range(0, lay.instances * per, per):
+        row = ins[i:i + per] + tail
+        yield [row[k] for k in order]
+
+
 def stores(body: Graph) -> list[tuple[int, Node]]:
     """(body input index, store node) for every store of a body."""
     index = {v: i for i, v in enumerate(body.inputs)}
@@ -135,25 +154,30 @@ def infer_types(node: Node) -> list[Type]:
                           f"instance(s) of a body with {lay.body_inputs} inputs, shared "
                           f"{list(lay.shared)}")
     targets = {j for j, _ in stores(body)}
+    elements = [x.type for x in body.inputs]
     out: list[Type] = []
-    for i, space in enumerate(attrs["spaces"]):
+    for space, row in zip(attrs["spaces"], instance_rows(node, lay)):
         space = tuple(space)
-        for j, (v, x) in enumerate(zip(instance_operands(node, i, lay), body.inputs)):
-            if not isinstance(v.type, TensorType) or v.dtype != x.dtype or x.type.shape != ():
-                raise OpTypeError(f"kernel: operand {j} is {v.type}, the body reads it as {x.type}")
-            fits = v.shape == space or v.shape == ()  # the usual cases, without numpy
-            if not fits:
-                try:
-                    fits = np.broadcast_shapes(v.shape, space) == space
-                except ValueError:
-                    fits = False
-            if not fits or (j in targets and v.shape != space):
+        for j, v in enumerate(row):
+            t, x = v.type, elements[j]
+            if type(t) is not TensorType or t.dtype != x.dtype or x.shape != ():
+                raise OpTypeError(f"kernel: operand {j} is {t}, the body reads it as {x}")
+            if t.shape != space and (j in targets or not _broadcasts(t.shape, space)):
                 need = "have the shape" if j in targets else "broadcast to"
-                raise OpTypeError(f"kernel: operand {j} ({v.type}) does not {need} the "
+                raise OpTypeError(f"kernel: operand {j} ({t}) does not {need} the "
                                   f"iteration space {list(space)}")
         for kind, r in zip(kinds, body.outputs):
             out.append(TensorType(space if kind == "map" else (), r.dtype))
     return out + ([token] if lay.has_token else [])
+
+
+def _broadcasts(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
+    if shape == ():
+        return True
+    try:
+        return np.broadcast_shapes(shape, space) == space
+    except ValueError:
+        return False
 
 
 def run(node: Node, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray],
@@ -225,20 +249,18 @@ def cost(node: Node) -> KernelCost:
     read_in_body = {v for n in body.nodes if n.op != "store" for v in n.inputs}
     read_in_body |= set(body.outputs)
     read = write = fixed = elements = 0
-    seen: set[int] = set()
-    for i, space in enumerate(node.attrs["spaces"]):
-        space = tuple(space)
-        elements += int(np.prod(space, dtype=np.int64))
-        for j, x in enumerate(body.inputs):
-            k = lay.operand_index(i, j)
-            v = node.inputs[k]
-            streams = v.shape == space
-            if i == 0 and streams:  # per-element rates: every instance has the same ones
+    spaces = [tuple(space) for space in node.attrs["spaces"]]
+    rows = instance_rows(node, lay)
+    for i, (space, row) in enumerate(zip(spaces, rows)):
+        elements += math.prod(space)
+        for j, (x, v) in enumerate(zip(body.inputs, row)):
+            if i > 0 and j in lay.shared:
+                continue  # a shared operand is read once, as instance 0 reads it
+            if v.type.shape != space:
+                fixed += v.type.nbytes if x in read_in_body else 0
+            elif i == 0:  # per-element rates: every instance has the same ones
                 read += x.dtype.itemsize if x in read_in_body else 0
                 write += x.dtype.itemsize if j in targets else 0
-            elif not streams and x in read_in_body and k not in seen:
-                fixed += v.type.nbytes  # a shared operand is read once, not per instance
-            seen.add(k)
     for kind, r in zip(node.attrs["outputs"], body.outputs):
         if kind == "map":
             write += r.dtype.itemsize

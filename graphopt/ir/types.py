@@ -6,6 +6,7 @@ one JAX and TensorFlow use, so the interpreter can hold and compute bf16 like an
 """
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 
@@ -75,7 +76,7 @@ class TensorType:
     dtype: DType
 
     def __post_init__(self) -> None:
-        object.__setattr__(self, "shape", tuple(int(s) for s in self.shape))
+        object.__setattr__(self, "shape", tuple(map(int, self.shape)))
 
     @property
     def ndim(self) -> int:
@@ -89,8 +90,12 @@ class TensorType:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    def __str__(self) -> str:
+    @functools.cached_property
+    def _text(self) -> str:  # printed often (IR text, cache keys): made once
         return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+    def __str__(self) -> str:
+        return self._text
 
 
 @dataclass(frozen=True)

@@ -30,6 +30,8 @@ Nodes that carry after edges (a `depend`), and every non-elementwise node, stay 
 """
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 
 from ..ir.graph import Graph, Node, Value
@@ -67,8 +69,12 @@ class _Fuser(Grouping):
     def __init__(self, graph: Graph, ctx: PassContext):
         super().__init__(graph)
         self.graph, self.ctx = graph, ctx
-        self.names = value_names(graph)
         self.inline = self._loop_invariant_scalars()
+
+    @functools.cached_property
+    def names(self) -> dict[Value, str]:
+        """Printed names, for refusal messages (made only when one is needed)."""
+        return value_names(self.graph)
 
     def _loop_invariant_scalars(self) -> set[int]:
         """Scalar nodes computed only from scalar inputs (arguments, parameters no node

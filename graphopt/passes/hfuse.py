@@ -17,6 +17,8 @@ parameters. Kernels are combined when
 """
 from __future__ import annotations
 
+import functools
+
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel import infer_types, layout
 from ..ir.printer import format_graph, value_names
@@ -41,7 +43,7 @@ def signature(k: Node) -> tuple | None:
 @register("hfuse")
 def hfuse(graph: Graph, ctx: PassContext) -> dict:
     grouping = Grouping(graph)
-    names = value_names(graph)
+    names = functools.cache(lambda: value_names(graph))  # for refusals, which are rare
     buckets: dict[tuple, list[Group]] = {}
     for n in graph.nodes:
         if n.body is None:
@@ -60,9 +62,9 @@ def hfuse(graph: Graph, ctx: PassContext) -> dict:
             if via is None:
                 grouping.merge(bundle, alone)
                 break
-            ctx.refuse(f"{names[n.outputs[0]]} = kernel",
-                       f"not mapped with the kernel of {names[bundle.members[0].outputs[0]]}: "
-                       f"they depend on each other through {names[via.outputs[0]]}", None)
+            ctx.refuse(f"{names()[n.outputs[0]]} = kernel",
+                       f"not mapped with the kernel of {names()[bundle.members[0].outputs[0]]}: "
+                       f"they depend on each other through {names()[via.outputs[0]]}", None)
         else:
             buckets[sig].append(alone)
     mapping: dict[Value, Value] = {}

@@ -12,6 +12,7 @@ After each pass the graph is verified; a pass that breaks a rule is named in the
 from __future__ import annotations
 
 import difflib
+import operator
 import re
 import sys
 import time
@@ -132,12 +133,15 @@ def _matches(patterns: str | Iterable[str], name: str) -> bool:
     return any(re.fullmatch(p, name) for p in pats)
 
 
+_SERIAL = operator.attrgetter("serial")
+
+
 def fingerprint(graph: Graph) -> int:
     """A fingerprint of the graph's structure: which nodes, reading which values, in which
     order. Passes replace nodes rather than edit them, so a pass that changed anything changes
     this (serial numbers, unlike id(), are never reused); it costs one walk, not a printing."""
     def serials(values):
-        return tuple(v.serial for v in values)
+        return tuple(map(_SERIAL, values))
     return hash((tuple((n.serial, serials(n.inputs), serials(n.after)) for n in graph.nodes),
                  serials(graph.outputs), serials(graph.effects)))
 
@@ -160,9 +164,10 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
     ctx = PassContext(fastmath=fastmath)
     stats: list[PassStats] = []
     memo: dict[int, tuple[int, int]] = {}
+    after = fingerprint(g)
     for i, name in enumerate(names):
         before_text = g.format(locs=True) if diffs else ""
-        before = fingerprint(g)
+        before = after
         if _matches(print_before, name):
             print(f"# *** IR before {name} ***\n{g.format(locs=True)}", file=out)
         nodes_before, kernels_before = _sizes(g)
@@ -176,7 +181,8 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
             except VerifyError as e:
                 raise PassError(f"the graph does not verify after pass '{name}' (pipeline "
                                 f"{','.join(names)}): {e}") from e
-        changed = fingerprint(g) != before
+        after = fingerprint(g)
+        changed = after != before
         diff = ""
         if diffs and changed:
             diff = "".join(difflib.unified_diff(

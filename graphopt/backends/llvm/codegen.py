@@ -28,7 +28,7 @@ import numpy as np
 from llvmlite import ir
 
 from ...ir.graph import Node, Value
-from ...ir.kernel import REDUCTIONS, layout, stores
+from ...ir.kernel import REDUCTIONS, instance_rows, layout, stores
 from ...ir.printer import format_graph
 from ...ir.types import TensorType
 from .emitter import F32, I64, Emitter, LoweringError, compute_type, storage_type
@@ -119,17 +119,15 @@ def plan(node: Node, fastmath: bool = False) -> KernelABI:
     n_maps = kinds.count("map")
     instances = []
     unit_offset = block_offset = 0
-    for i, space in enumerate(node.attrs["spaces"]):
+    for space, row in zip(node.attrs["spaces"], instance_rows(node, lay)):
         space = tuple(space)
-        shapes = [node.inputs[lay.operand_index(i, j)].shape for j in range(lay.body_inputs)]
-        shapes += [space] * n_maps
+        shapes = [v.type.shape for v in row] + [space] * n_maps
         if lay.instances > 1:  # hfuse: every operand streams or is a scalar; one flat loop
-            size = int(np.prod(space, dtype=np.int64))
-            dims = (size,)
+            dims = (math.prod(space),)
             strides = [(1,) if s == space else (0,) for s in shapes]
         else:
             dims, strides = collapse(space, shapes)
-        inner = int(np.prod(dims[1:], dtype=np.int64)) if dims else 1
+        inner = math.prod(dims[1:])
         inst = Instance(dims, tuple(strides), unit_offset, max(1, BLOCK_ELEMENTS // max(inner, 1)),
                         block_offset)
         instances.append(inst)
