@@ -29,6 +29,7 @@ the token.
 """
 from __future__ import annotations
 
+import itertools
 import math
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
@@ -102,22 +103,16 @@ def instance_operands(node: Node, instance: int, lay: Layout | None = None) -> l
     return [node.inputs[lay.operand_index(instance, j)] for j in range(lay.body_inputs)]
 
 
-def instance_rows(node: Node, lay: Layout | None = None) -> Iterator[list[Value]]:
-    """instance_operands of every instance, in order; one slice each (a multi-tensor kernel
-    has thousands of instances, and every pass that checks them walks this)."""
+def instance_rows(node: Node, lay: Layout | None = None) -> Iterator[tuple[Value, ...]]:
+    """instance_operands of every instance, in order. Built column by column with slices (a
+    multi-tensor kernel has thousands of instances, and every pass that checks them walks
+    this)."""
     lay = lay or layout(node)
-    per = len(lay.per_instance)
-    ins = node.inputs
-    if not lay.shared:
-        for i in range(0, lay.instances * per, per):
-            yield ins[i:i + per]
-        return
-    tail = ins[lay.instances * per:]
-    order = [per + lay.shared.index(j) if j in lay.shared else lay._slot[j]
-             for j in range(lay.body_inputs)]
-    for i in range(0, lay.instances * per, per):
-        row = ins[i:i + per] + tail
-        yield [row[k] for k in order]
+    n, per, ins = lay.instances, len(lay.per_instance), node.inputs
+    if not lay.body_inputs:
+        return iter([()] * n)
+    return zip(*(itertools.repeat(ins[lay._slot[j]], n) if j in lay.shared else
+                 ins[lay._slot[j]:n * per:per] for j in range(lay.body_inputs)))
 
 
 def stores(body: Graph) -> list[tuple[int, Node]]:
@@ -133,8 +128,7 @@ def written(node: Node) -> list[Value]:
     if node.body is None:
         return []
     targets = [j for j, _ in stores(node.body)]
-    lay = layout(node)
-    return [node.inputs[lay.operand_index(i, j)] for i in range(lay.instances) for j in targets]
+    return [row[j] for row in instance_rows(node) for j in targets]
 
 
 def infer_types(node: Node) -> list[Type]:
@@ -162,7 +156,7 @@ def infer_types(node: Node) -> list[Type]:
             t, x = v.type, elements[j]
             if type(t) is not TensorType or t.dtype != x.dtype or x.shape != ():
                 raise OpTypeError(f"kernel: operand {j} is {t}, the body reads it as {x}")
-            if t.shape != space and (j in targets or not _broadcasts(t.shape, space)):
+            if t.shape != space and (j in targets or t.shape != () and not _broadcasts(t.shape, space)):
                 need = "have the shape" if j in targets else "broadcast to"
                 raise OpTypeError(f"kernel: operand {j} ({t}) does not {need} the "
                                   f"iteration space {list(space)}")
@@ -172,8 +166,6 @@ def infer_types(node: Node) -> list[Type]:
 
 
 def _broadcasts(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
-    if shape == ():
-        return True
     try:
         return np.broadcast_shapes(shape, space) == space
     except ValueError:

@@ -6,7 +6,6 @@ one JAX and TensorFlow use, so the interpreter can hold and compute bf16 like an
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 
@@ -14,8 +13,11 @@ import ml_dtypes
 import numpy as np
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class DType:
+    """One of the dtypes below; each exists once, so dtypes compare by identity (fast: type
+    checks compare thousands of them), also after a copy or a pickle."""
+
     name: str  # the IR spelling: f32, i64, bool, ...
     kind: str  # "float", "int" or "bool"
     np_dtype: np.dtype
@@ -36,6 +38,9 @@ class DType:
     def dtype(self) -> np.dtype:
         # numpy accepts any object with a `.dtype` as a dtype: np.zeros(3, graphopt.f32) works.
         return self.np_dtype
+
+    def __reduce__(self) -> tuple:
+        return to_dtype, (self.name,)
 
     def __repr__(self) -> str:
         return self.name
@@ -90,12 +95,8 @@ class TensorType:
     def nbytes(self) -> int:
         return self.size * self.dtype.itemsize
 
-    @functools.cached_property
-    def _text(self) -> str:  # printed often (IR text, cache keys): made once
-        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
-
     def __str__(self) -> str:
-        return self._text
+        return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
 
 
 @dataclass(frozen=True)

@@ -164,8 +164,15 @@ def _check_writes(graph: Graph, fail: Fail) -> None:
         for v in n.inputs:
             if v in writers and writers[v] is not n:
                 readers.setdefault(v, []).append(n)
+    # One search per writer, for the readers of everything it writes (a multi-tensor kernel
+    # writes thousands of parameters).
+    by_writer: dict[int, tuple[Node, list[Node]]] = {}
     for target, w in writers.items():
-        unordered = unordered_readers(w.operands(), readers.get(target, []), producer, index)
+        by_writer.setdefault(id(w), (w, []))[1].extend(readers.get(target, []))
+    for w, reads in by_writer.values():
+        unordered = unordered_readers(w.operands(), list(dict.fromkeys(reads)), producer, index)
         if unordered:
-            fail("write-after-read", unordered[0], f"this node reads @{target.name} but is not "
+            r = unordered[0]
+            target = next(v for v in r.inputs if writers.get(v) is w)
+            fail("write-after-read", r, f"this node reads @{target.name} but is not "
                  f"ordered before the node that writes it (add it to that node's after(...))")

@@ -23,6 +23,7 @@ import functools
 import hashlib
 import math
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 from llvmlite import ir
@@ -38,8 +39,7 @@ PTR = ir.PointerType()
 F64 = ir.DoubleType()
 
 
-@dataclass(frozen=True)
-class Instance:
+class Instance(NamedTuple):  # a tuple: a multi-tensor kernel makes thousands
     dims: tuple[int, ...]  # the collapsed iteration space
     strides: tuple[tuple[int, ...], ...]  # per body input, then per mapped output (elements)
     unit_offset: int  # where its units start among all instances' units
@@ -113,7 +113,9 @@ def flags(fastmath: bool) -> str:
     return f"fastmath={fastmath}"
 
 
-def plan(node: Node, fastmath: bool = False) -> KernelABI:
+def plan(node: Node, fastmath: bool = False, text: str | None = None) -> KernelABI:
+    """The kernel's calling convention and iteration plan; `text`: its canonical_text, when
+    the caller has it already."""
     lay = layout(node)
     kinds = list(node.attrs["outputs"])
     n_maps = kinds.count("map")
@@ -134,16 +136,24 @@ def plan(node: Node, fastmath: bool = False) -> KernelABI:
         unit_offset += inst.units
         block_offset += inst.blocks
     # The function's name says what it computes: the same name is the same code.
-    digest = hashlib.sha256((canonical_text(node) + flags(fastmath)).encode()).hexdigest()[:16]
+    text = canonical_text(node) if text is None else text
+    digest = hashlib.sha256((text + flags(fastmath)).encode()).hexdigest()[:16]
     return KernelABI(f"kernel_{digest}", tuple(instances), n_maps,
                      tuple(k for k in kinds if k != "map"), lay.has_token)
 
 
 def canonical_text(node: Node) -> str:
-    """The kernel as text with no outer names: what its code depends on, for the cache key."""
+    """The kernel as text with no outer names: what its code depends on, for the cache key.
+    An operand's dtype is its body input's, and most operands have their instance's shape:
+    only the others are listed (a multi-tensor kernel has thousands of operands)."""
     lay = layout(node)
-    operands = [f"{v.type}" for v in node.inputs]
-    return (f"kernel {node.attrs} operands={operands} instances={lay.instances}\n"
+    spaces = [tuple(space) for space in node.attrs["spaces"]]
+    odd: list[str] = []
+    for i, (space, row) in enumerate(zip(spaces, instance_rows(node, lay))):
+        odd += [f"{i}.{j}:{row[j].type}" for j in lay.per_instance if row[j].type.shape != space]
+    shared = [f"{node.inputs[lay.operand_index(0, j)].type}" for j in lay.shared]
+    return (f"kernel outputs={node.attrs['outputs']} shared={list(lay.shared)}:{shared} "
+            f"instances={lay.instances}\nspaces={spaces}\nother shapes={odd}\n"
             f"{format_graph(node.body)}")
 
 

@@ -34,8 +34,8 @@ def target_machine() -> llvm.TargetMachine:
 def target_parts() -> dict[str, str]:
     """The parts of a cache key that describe the machine and the compiler."""
     target_machine()
-    return {"triple": llvm.get_process_triple(), "cpu": llvm.get_host_cpu_name(),
-            "features": llvm.get_host_cpu_features().flatten(),
+    triple, cpu, features = _host()
+    return {"triple": triple, "cpu": cpu, "features": features,
             "llvm": ".".join(map(str, llvm.llvm_version_info)),
             "llvmlite": llvmlite.__version__, "codegen": CODEGEN_VERSION,
             "python": platform.python_implementation()}  # callers copy it into their parts
@@ -77,11 +77,17 @@ _engines: list[llvm.ExecutionEngine] = []  # never disposed: their code may stil
 _loaded: dict[str, int] = {}  # function name -> address, for the life of the process
 
 
+@functools.cache
+def _host() -> tuple[str, str, str]:
+    """The process's target triple, CPU name and CPU features (asked of LLVM once)."""
+    return (llvm.get_process_triple(), llvm.get_host_cpu_name(),
+            llvm.get_host_cpu_features().flatten())
+
+
 def _new_target_machine() -> llvm.TargetMachine:
-    target = llvm.Target.from_triple(llvm.get_process_triple())
-    return target.create_target_machine(cpu=llvm.get_host_cpu_name(),
-                                        features=llvm.get_host_cpu_features().flatten(),
-                                        opt=3, reloc="pic", jit=True)
+    triple, cpu, features = _host()
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=3, reloc="pic", jit=True)
 
 
 def load(object_code: bytes, name: str, *also: str) -> KernelFn:
@@ -185,12 +191,20 @@ done:
 
 
 @functools.cache
-def sink() -> SinkFn:
-    """The sink function, compiled once per process (its code never changes)."""
-    with _lock:
-        mod = llvm.parse_assembly(SINK_IR)
-        mod.triple = target_machine().triple
-        mod.data_layout = str(target_machine().target_data)
-        mod.verify()
-        obj = target_machine().emit_object(mod)
+def sink(use_cache: bool = True) -> SinkFn:
+    """The sink function, loaded once per process; its object code is cached on disk like a
+    kernel's (compiling it costs ~10 ms, a tenth of a warm start)."""
+    from . import cache
+    parts = {"sink": SINK_IR, **target_parts()}
+    key = cache.make_key(parts)
+    obj = cache.load(key, parts) if use_cache else None
+    if obj is None:
+        with _lock:
+            mod = llvm.parse_assembly(SINK_IR)
+            mod.triple = target_machine().triple
+            mod.data_layout = str(target_machine().target_data)
+            mod.verify()
+            obj = target_machine().emit_object(mod)
+        if use_cache:
+            cache.store(key, parts, obj)
     return SinkFn(ctypes.cast(load(obj, SINK_NAME), ctypes.c_void_p).value)

@@ -210,8 +210,9 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
     it). A cache hit needs only the kernel's plan: no LLVM IR is built."""
     from . import cache
     start = time.perf_counter()
-    abi = plan(node, fastmath)
-    parts = {"kernel": canonical_text(node), "flags": flags(fastmath),
+    text = canonical_text(node)
+    abi = plan(node, fastmath, text)
+    parts = {"kernel": text, "flags": flags(fastmath),
              **engine.target_parts()}
     key = cache.make_key(parts)
     obj = cache.load(key, parts) if use_cache and cache.enabled() else None
@@ -260,6 +261,7 @@ class LLVMProgram:
         # reduction another computes (reductions are finished in Python after their kernel),
         # the whole step is one native call per thread (see engine.SINK_IR).
         self.sink = len(self.kernels) > 1 and all(id(n) in self.native for n in graph.nodes)
+        self._sink_fn = engine.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
         # Views of stored parameters can only come from nodes numpy runs.
@@ -319,7 +321,7 @@ class LLVMProgram:
         self._barrier[0] = 0
         call = (table.shape[0], table.ctypes.data, used, table.shape[1],
                 self._barrier.ctypes.data)
-        sink = engine.sink()
+        sink = self._sink_fn
         futures = [_workers().submit(sink, call[0], call[1], t, *call[2:])
                    for t in range(1, used)]
         sink(call[0], call[1], 0, *call[2:])
