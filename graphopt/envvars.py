@@ -58,7 +58,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("GRAPHOPT_LOG", "", "comma-separated log topics printed on stderr: cache"),
     Variable("GRAPHOPT_BACKEND", "llvm", "the backend jit uses when none is given"),
     Variable("GRAPHOPT_THREADS", "", "threads a large kernel may split over (default: cores)"),
-    Variable("GRAPHOPT_VERIFY", "last", "each: verify after every pass in jit too"),
+    Variable("GRAPHOPT_VERIFY", "last", "each: jit verifies the traced graph and the graph "
+                                        "after every pass, not only the final one"),
 )}
 
 # Values set in code (set_var, override); they win over os.environ.
@@ -158,7 +159,8 @@ def threads() -> int:
 
 
 def verify_each() -> bool:
-    """GRAPHOPT_VERIFY=each: verify after every pass, also in jit (slower compiles)."""
+    """GRAPHOPT_VERIFY=each: verify the input and after every pass, also in jit (slower
+    compiles)."""
     return get("GRAPHOPT_VERIFY").strip().lower() == "each"
 
 

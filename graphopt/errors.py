@@ -67,6 +67,10 @@ class BackendError(GraphoptError, ValueError):
     """An unknown backend, or a graph a backend cannot run."""
 
 
+class LoweringError(GraphoptError):
+    """An op (or a dtype) the LLVM backend cannot compile; its kernel runs through numpy."""
+
+
 class OptimizerError(GraphoptError, ValueError):
     """Bad input to an optimizer, a schedule, a loss scaler or a checkpoint: a hyper-parameter
     out of range, a gradient of the wrong shape or dtype, a parameter in two groups. The

@@ -76,6 +76,18 @@ def test_a_pass_that_breaks_the_graph_is_named():
         del passes.PASSES["break_it"]
 
 
+def test_verification_names_where_the_graph_broke():
+    broken = sgd_graph()
+    broken.nodes = broken.nodes[1:]  # a node reads a value no node defines now
+    with pytest.raises(PassError, match=r"input graph does not verify \(before any pass\)"):
+        passes.run(broken, "dce")
+    # "last" (what jit does) verifies only the result; with no pass, that is the input
+    for pipeline, shown in (("dce,cse", "dce,cse"), ("", "(none)")):
+        with pytest.raises(PassError, match=re.escape(f"after the pipeline {shown} "
+                                                      f"(GRAPHOPT_VERIFY=each")):
+            passes.run(broken, pipeline, verify="last")
+
+
 def adam_graph(n_params=10, dtype=np.float32, seed=0):
     rng = np.random.default_rng(seed)
     shapes = [tuple(rng.integers(1, 9, size=rng.integers(1, 3))) for _ in range(n_params)]

@@ -26,8 +26,8 @@ class Executable:
         from .. import passes as pass_manager
         self.fn = fn
         self.traced_graph: Graph = traced.graph  # as traced, before any pass
-        # The traced graph was verified; the result is verified again after the last pass
-        # (GRAPHOPT_VERIFY=each verifies after every pass, when debugging a pass).
+        # The result of the passes is verified (GRAPHOPT_VERIFY=each verifies the traced graph
+        # and the graph after every pass too, when debugging the tracer or a pass).
         self.pass_result = pass_manager.run(traced.graph, passes, fastmath=fastmath,
                                             verify="last")
         self.graph: Graph = self.pass_result.graph  # what runs

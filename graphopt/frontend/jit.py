@@ -67,7 +67,6 @@ class JittedFunction:
             with _gc_paused():
                 traced = trace_function(self.fn, args, kwargs)
                 self._traces += 1
-                traced.graph.verify()
                 exe = Executable(self.fn, traced, self.backend, self.passes, self.fastmath,
                                  self.cache)
             self._compiles += 1

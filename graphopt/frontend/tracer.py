@@ -123,11 +123,10 @@ class Trace:
                               after=[r.outputs[0] for r in late])
             g.effects.append(node.out)
         for node in self.maps:  # a mapped update waits for every other reader of what it writes
-            targets = {self.param_inputs[k] for k, (n, *_) in self.map_writes.items() if n is node}
-            late = [r for t in targets for r in unordered_readers(
-                node.operands(), [x for x in readers.get(t, []) if x is not node], producer,
-                index)]
-            node.after += [r.outputs[0] for r in dict.fromkeys(late)]
+            others = dict.fromkeys(x for k, (n, *_) in self.map_writes.items() if n is node
+                                   for x in readers.get(self.param_inputs[k], ()) if x is not node)
+            late = unordered_readers(node.operands(), list(others), producer, index)
+            node.after += [r.outputs[0] for r in late]
             g.effects.append(node.outputs[-1])
         if self.maps:  # a mapped update's new after edges may point past it
             toposort(g)
@@ -135,14 +134,15 @@ class Trace:
 
     def read_input(self, p: Parameter) -> Value:
         """The @name input of p (made on first use, by a read or by an assign)."""
-        if id(p) not in self.param_inputs:
+        v = self.param_inputs.get(id(p))
+        if v is None:
             other = self.params.get(p.name)
             if other is not None and other is not p:
                 raise ParameterError(f"two different Parameters are named '{p.name}' in one "
                                      f"graph; give each a distinct name", loc=user_location())
             self.params[p.name] = p
-            self.param_inputs[id(p)] = self.graph.add_input("param", p.name, p.type)
-        return self.param_inputs[id(p)]
+            v = self.param_inputs[id(p)] = self.graph.add_input("param", p.name, p.type)
+        return v
 
 
 # -- binding ops --------------------------------------------------------------------------------

@@ -52,6 +52,8 @@ def unordered_readers(starts: Iterable[Value], readers: list[Node], producer: di
 def toposort(graph: Graph) -> None:
     """Reorder the nodes so each comes after its operands, keeping the given order wherever it
     is already valid (a stable Kahn's algorithm: the earliest ready node goes first)."""
+    if in_order(graph):
+        return
     producer = producers(graph)
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     waiting: dict[int, int] = {}
@@ -73,6 +75,17 @@ def toposort(graph: Graph) -> None:
                 heapq.heappush(ready, (position[id(u)], id(u), u))
     assert len(order) == len(graph.nodes), "toposort of a graph with a cycle"
     graph.nodes = order
+
+
+def in_order(graph: Graph) -> bool:
+    """Whether every node comes after the nodes whose outputs it reads."""
+    defined: set[Value] = set(graph.inputs)
+    for n in graph.nodes:
+        for v in n.operands():
+            if v not in defined and v.node is not None:
+                return False
+        defined.update(n.outputs)
+    return True
 
 
 def has_effect(node: Node) -> bool:

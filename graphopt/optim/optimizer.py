@@ -276,7 +276,8 @@ class Optimizer:
         names = [s.param.name for s in self._slots]
         if isinstance(grads, Mapping):
             missing = [n for n in names if n not in grads]
-            extra = [str(k) for k in grads if k not in set(names)]
+            known = set(names)
+            extra = [str(k) for k in grads if k not in known]
             if missing or extra:
                 parts = ([f"missing for {', '.join(map(repr, missing))}"] if missing else []) + \
                     ([f"given for unknown {', '.join(map(repr, extra))}"] if extra else [])
@@ -297,9 +298,11 @@ class Optimizer:
             t = _type_of(g)
             # f32 gradients of f16/bf16 parameters are welcome (graphopt.amp unscales into
             # f32); they are rounded to the compute dtype if it is narrower.
-            allowed = {slot.param.dtype, slot.compute} | \
-                ({f32} if slot.param.dtype in LOW_PRECISION else set())
-            if t is None or t.shape != slot.param.shape or t.dtype not in allowed:
+            p = slot.param.type
+            if t is not None and t.shape == p.shape and t.dtype in (p.dtype, slot.compute):
+                continue  # the usual case, checked without building sets
+            allowed = {p.dtype, slot.compute} | ({f32} if p.dtype in LOW_PRECISION else set())
+            if t is None or t.shape != p.shape or t.dtype not in allowed:
                 got = "None" if g is None else str(t) if t else type(g).__name__
                 want = " or ".join(str(TensorType(slot.param.shape, d)) for d in
                                    sorted(allowed, key=lambda d: d.name))

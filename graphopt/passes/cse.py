@@ -40,8 +40,9 @@ def cse(graph: Graph, ctx: PassContext) -> dict:
     replace: dict[Value, Value] = {}
     kept = []
     for n in graph.nodes:
-        n.inputs = [replace.get(v, v) for v in n.inputs]
-        n.after = [replace.get(v, v) for v in n.after]
+        if replace:  # (a kernel has thousands of inputs: no copy when nothing changed)
+            n.inputs = [replace.get(v, v) for v in n.inputs]
+            n.after = [replace.get(v, v) for v in n.after]
         if has_effect(n) or n.body is not None:
             kept.append(n)
             continue

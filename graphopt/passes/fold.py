@@ -37,7 +37,8 @@ def fold(graph: Graph, ctx: PassContext) -> dict:
     replace: dict[Value, Value] = {}
     folded = 0
     for i, n in enumerate(graph.nodes):
-        n.inputs = [replace.get(v, v) for v in n.inputs]
+        if replace:
+            n.inputs = [replace.get(v, v) for v in n.inputs]
         producer.update((v, n) for v in n.outputs)
         op = n.opdef
         if op.category in (CONSTANT, EFFECT, CONTROL, KERNEL) or n.after or \

@@ -154,13 +154,16 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
     """Run passes on a copy of `graph`. `print_before`/`print_after` take pass names or
     regular expressions; `print_after_change` prints only after passes that changed the IR;
     `diffs` keeps a unified diff of the text IR for each pass (explain uses it). `verify`:
-    True verifies after every pass, "last" only the result (what jit does: compile time), False
-    never; GRAPHOPT_VERIFY=each makes every pipeline verify after every pass."""
+    True verifies the input and the graph after every pass, "last" only the result (what jit
+    does: compile time), False never; GRAPHOPT_VERIFY=each makes every pipeline verify the
+    input and every pass."""
     from .. import envvars
     each = verify is True or envvars.verify_each()
     names = parse_pipeline(pipeline)
     out = out or sys.stdout
     g = graph.clone()
+    if each:
+        _verify(g, "the input graph does not verify (before any pass)")
     ctx = PassContext(fastmath=fastmath)
     stats: list[PassStats] = []
     memo: dict[int, tuple[int, int]] = {}
@@ -175,12 +178,9 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         start = time.perf_counter()
         counters = PASSES[name].run(g, ctx) or {}
         seconds = time.perf_counter() - start
-        if each or (verify == "last" and i == len(names) - 1):
-            try:
-                g.verify()
-            except VerifyError as e:
-                raise PassError(f"the graph does not verify after pass '{name}' (pipeline "
-                                f"{','.join(names)}): {e}") from e
+        if each:
+            _verify(g, f"the graph does not verify after pass '{name}' (pipeline "
+                       f"{','.join(names)})")
         after = fingerprint(g)
         changed = after != before
         diff = ""
@@ -194,7 +194,18 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         if print_after_all or _matches(print_after, name) or (print_after_change and changed):
             print(f"# *** IR after {name}{'' if changed else ' (no change)'} ***\n"
                   f"{g.format(locs=True)}", file=out)
+    if verify == "last" and not each:
+        _verify(g, f"the graph does not verify after the pipeline {','.join(names) or '(none)'} "
+                   f"(GRAPHOPT_VERIFY=each verifies its input and every pass, to find which "
+                   f"broke it)")
     return PipelineResult(g, stats, ctx.refusals)
+
+
+def _verify(g: Graph, what: str) -> None:
+    try:
+        g.verify()
+    except VerifyError as e:
+        raise PassError(f"{what}: {e}") from e
 
 
 def _sizes(g: Graph) -> tuple[int, int]:

@@ -136,8 +136,9 @@ def simplify(graph: Graph, ctx: PassContext) -> dict:
     replace: dict[Value, Value] = {}
     nodes: list[Node] = []
     for n in graph.nodes:
-        n.inputs = [replace.get(v, v) for v in n.inputs]
-        n.after = [replace.get(v, v) for v in n.after]
+        if replace:  # (a kernel has thousands of inputs: no copy when nothing changed)
+            n.inputs = [replace.get(v, v) for v in n.inputs]
+            n.after = [replace.get(v, v) for v in n.after]
         rw.new = []
         hit = rw.rewrite(n)
         if hit is None:

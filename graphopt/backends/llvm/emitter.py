@@ -24,16 +24,12 @@ from typing import Any
 import numpy as np
 from llvmlite import ir
 
-from ...errors import GraphoptError
+from ...errors import LoweringError
 from ...ir.types import DType
 
 F32, F64 = ir.FloatType(), ir.DoubleType()
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 HALF = ir.HalfType()
-
-
-class LoweringError(GraphoptError):
-    """An op (or a dtype) the LLVM backend cannot compile; its kernel runs through numpy."""
 
 
 def compute_type(d: DType) -> ir.Type:

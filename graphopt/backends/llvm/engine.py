@@ -11,10 +11,13 @@ import functools
 import platform
 import threading
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import llvmlite
 import llvmlite.binding as llvm
-from llvmlite import ir
+
+if TYPE_CHECKING:
+    from llvmlite import ir  # modules come from codegen; a warm start never imports it
 
 CODEGEN_VERSION = "2"  # bump when generated code changes for the same kernel text
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,

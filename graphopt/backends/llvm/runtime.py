@@ -22,13 +22,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ... import envvars
-from ...errors import ExecutionError, GraphoptError
+from ...errors import ExecutionError, GraphoptError, LoweringError
 from ...ir import kernel as kernel_ir
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import ELEMENTWISE, LINALG, REDUCTION, SHAPE, evaluate
-from .codegen import KernelABI, canonical_text, flags, generate, plan
-from .emitter import LoweringError
 from . import engine
+from .abi import KernelABI, canonical_text, flags, plan
 
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, a second thread costs more than it saves
 _pool: ThreadPoolExecutor | None = None
@@ -72,6 +71,7 @@ class NativeKernel:
     def module(self):
         """The LLVM module as generated (made again on demand after a cache hit)."""
         if self._module is None:
+            from .codegen import generate
             self._module = generate(self.node, self.fastmath)[0]
         return self._module
 
@@ -219,6 +219,7 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
     hit = obj is not None
     optimized, module = "", None
     if obj is None:
+        from .codegen import generate  # the IR builder: loaded on a cache miss only
         module, abi = generate(node, fastmath)
         compiled = engine.compile_module(module)
         obj, optimized = compiled.object_code, compiled.optimized_ir

@@ -1,0 +1,137 @@
+"""A kernel's calling convention and iteration plan, and its canonical text (the cache key).
+
+What the runtime needs to call a compiled kernel, worked out from the kernel node alone: a
+warm start (object code from the cache) needs this and nothing of LLVM's IR builder.
+See codegen.py for the function these describe.
+"""
+from __future__ import annotations
+
+import functools
+import hashlib
+import math
+from dataclasses import dataclass
+from typing import NamedTuple
+
+from ...ir.graph import Node
+from ...ir.kernel import instance_rows, layout
+from ...ir.printer import format_graph
+
+BLOCK_ELEMENTS = 8192  # elements per reduction block (a few pages of each operand)
+
+
+class Instance(NamedTuple):  # a tuple: a multi-tensor kernel makes thousands
+    dims: tuple[int, ...]  # the collapsed iteration space
+    strides: tuple[tuple[int, ...], ...]  # per body input, then per mapped output (elements)
+    unit_offset: int  # where its units start among all instances' units
+    block_units: int  # units per reduction block
+    block_offset: int  # index of its first block among all blocks
+
+    @property
+    def units(self) -> int:
+        return self.dims[0] if self.dims else 1
+
+    @property
+    def blocks(self) -> int:
+        return -(-self.units // self.block_units)
+
+
+@dataclass(frozen=True)
+class KernelABI:
+    """What the runtime must know to call a compiled kernel."""
+
+    name: str
+    instances: tuple[Instance, ...]
+    n_maps: int  # mapped outputs per instance
+    reductions: tuple[str, ...]  # kind of each reduced output, in body-output order
+    has_token: bool
+
+    @property
+    def finisher(self) -> str | None:
+        """The function that combines the blocks' partial results (kernels with reductions)."""
+        return f"{self.name}_finish" if self.reductions else None
+
+    @functools.cached_property
+    def total_units(self) -> int:
+        return sum(i.units for i in self.instances)
+
+    @functools.cached_property
+    def total_blocks(self) -> int:
+        return sum(i.blocks for i in self.instances)
+
+
+def _strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[int]:
+    """Element strides of a C-contiguous array of `shape` broadcast into `space`."""
+    shape = (1,) * (len(space) - len(shape)) + tuple(shape)
+    out, step = [], 1
+    for size, full in reversed(list(zip(shape, space))):
+        out.append(step if size == full and full != 1 else 0)
+        step *= size
+    return out[::-1]
+
+
+def collapse(space: tuple[int, ...], shapes: list[tuple[int, ...]]) -> tuple[tuple[int, ...],
+                                                                           list[tuple[int, ...]]]:
+    """Drop size-1 dimensions and merge neighbours that every array walks contiguously."""
+    per = [_strides(s, space) for s in shapes]
+    dims: list[int] = []
+    strides: list[list[int]] = [[] for _ in shapes]
+    for k, size in enumerate(space):
+        if size == 1:
+            continue
+        if dims and all(st[-1] == p[k] * size for st, p in zip(strides, per)):
+            dims[-1] *= size  # contiguous across: one longer dimension
+            for st, p in zip(strides, per):
+                st[-1] = p[k]
+            continue
+        dims.append(size)
+        for st, p in zip(strides, per):
+            st.append(p[k])
+    return tuple(dims), [tuple(s) for s in strides]
+
+
+def flags(fastmath: bool) -> str:
+    return f"fastmath={fastmath}"
+
+
+def plan(node: Node, fastmath: bool = False, text: str | None = None) -> KernelABI:
+    """The kernel's calling convention and iteration plan; `text`: its canonical_text, when
+    the caller has it already."""
+    lay = layout(node)
+    kinds = list(node.attrs["outputs"])
+    n_maps = kinds.count("map")
+    instances = []
+    unit_offset = block_offset = 0
+    for space, row in zip(node.attrs["spaces"], instance_rows(node, lay)):
+        space = tuple(space)
+        shapes = [v.type.shape for v in row] + [space] * n_maps
+        if lay.instances > 1:  # hfuse: every operand streams or is a scalar; one flat loop
+            dims = (math.prod(space),)
+            strides = [(1,) if s == space else (0,) for s in shapes]
+        else:
+            dims, strides = collapse(space, shapes)
+        inner = math.prod(dims[1:])
+        inst = Instance(dims, tuple(strides), unit_offset, max(1, BLOCK_ELEMENTS // max(inner, 1)),
+                        block_offset)
+        instances.append(inst)
+        unit_offset += inst.units
+        block_offset += inst.blocks
+    # The function's name says what it computes: the same name is the same code.
+    text = canonical_text(node) if text is None else text
+    digest = hashlib.sha256((text + flags(fastmath)).encode()).hexdigest()[:16]
+    return KernelABI(f"kernel_{digest}", tuple(instances), n_maps,
+                     tuple(k for k in kinds if k != "map"), lay.has_token)
+
+
+def canonical_text(node: Node) -> str:
+    """The kernel as text with no outer names: what its code depends on, for the cache key.
+    An operand's dtype is its body input's, and most operands have their instance's shape:
+    only the others are listed (a multi-tensor kernel has thousands of operands)."""
+    lay = layout(node)
+    spaces = [tuple(space) for space in node.attrs["spaces"]]
+    odd: list[str] = []
+    for i, (space, row) in enumerate(zip(spaces, instance_rows(node, lay))):
+        odd += [f"{i}.{j}:{row[j].type}" for j in lay.per_instance if row[j].type.shape != space]
+    shared = [f"{node.inputs[lay.operand_index(0, j)].type}" for j in lay.shared]
+    return (f"kernel outputs={node.attrs['outputs']} shared={list(lay.shared)}:{shared} "
+            f"instances={lay.instances}\nspaces={spaces}\nother shapes={odd}\n"
+            f"{format_graph(node.body)}")
