@@ -161,62 +161,66 @@ def hypermap(rule: Callable[[], Any], instances: list[dict[Hashable, Any]]) -> N
     body = mt.graph
     body.effects = [body.add_node("store", [mt.by_key[("role", (role,))], value], loc=loc).out
                     for role, (value, loc) in mt.stores.items()]
-    operands, spaces = _bind(parent, mt, instances)
+    columns, spaces = _bind(parent, mt, instances)
     shared = [j for j, (kind, _) in enumerate(mt.inputs) if kind == "shared"]
-    per = [j for j in range(len(mt.inputs)) if j not in shared]
-    inputs = [row[j] for row in operands for j in per] + \
-        [mt.inputs[j][1] for j in shared]
+    inputs = [v for row in zip(*columns) for v in row] + [mt.inputs[j][1] for j in shared]
     node = Node("kernel", inputs, {"spaces": spaces, "outputs": [], "shared": shared}, [],
                 body=body)
     node.outputs = [Value(t, node, i) for i, t in enumerate(infer_types(node))]
     parent.graph.nodes.append(node)
     parent.maps.append(node)
-    for k, instance in enumerate(instances):
-        for role in mt.stores:
-            parent.map_writes[id(instance[role])] = (node, mt.inputs.index(("role", (role,))),
-                                                      k)
+    for role in mt.stores:
+        j = mt.inputs.index(("role", (role,)))
+        parent.map_writes.update((id(instance[role]), (node, j, k))
+                                 for k, instance in enumerate(instances))
     return node
 
 
 def _bind(parent: tracer.Trace, mt: MapTrace, instances: list[dict[Hashable, Any]]
           ) -> tuple[list[list[Value]], list[list[int]]]:
-    """Each instance's operand for each role the body reads, and each instance's space."""
-    reads = [(kind, key, mt.by_key[(kind, key)].dtype) for kind, key in mt.inputs]
-    stored = [mt.inputs.index(("role", (r,))) for r in mt.stores]
+    """For each body input that is not shared, in order, every instance's operand (a
+    column); and each instance's space. Column by column: thousands of instances."""
     written = parent.assigned.keys() | parent.map_writes.keys()
-    operands, spaces = [], []
-    for instance in instances:
-        row: list[Value] = []
-        space = None
-        for kind, key, dtype in reads:
-            if kind == "shared":
-                row.append(key)
-                continue
-            obj = instance.get(key[0])
-            if len(key) > 1:
-                obj = _walk(obj, key[1:], key[0], mt.chain)
-            if isinstance(obj, Parameter):
-                if id(obj) in written:
-                    raise MapUnsupported(f"{obj.name} was already assigned in this step")
-                v = parent.read_input(obj)
-            elif isinstance(obj, TracedTensor) and obj.trace is parent:
-                v = obj.value
-            elif isinstance(obj, Value):
-                v = obj
-            else:
-                raise MapUnsupported(f"role {key!r} is not a Parameter or a traced tensor")
-            t = v.type
-            if t.dtype != dtype or (space is not None and t.shape != space):
-                raise MapUnsupported(f"role {key!r} does not line up with the others")
-            space = t.shape
-            row.append(v)
-        if space is None:
-            raise MapUnsupported("the rule reads no tensor of an instance")
-        if any(row.count(row[k]) != 1 for k in stored):  # Values compare by identity
-            raise MapUnsupported("a parameter the rule updates is also read another way")
-        operands.append(row)
-        spaces.append(list(space))
-    return operands, spaces
+    columns: list[list[Value]] = []
+    stored: list[int] = []  # the columns the body stores into
+    for kind, key in mt.inputs:
+        if kind == "shared":
+            continue
+        role, steps = key[0], key[1:]
+        objs = [instance.get(role) for instance in instances]
+        if steps:
+            objs = [_walk(obj, steps, role, mt.chain) for obj in objs]
+        column = [_operand(parent, obj, key, written) for obj in objs]
+        dtype = mt.by_key[(kind, key)].dtype
+        if any(v.type.dtype is not dtype for v in column):
+            raise MapUnsupported(f"role {key!r} does not line up with the others")
+        if not steps and role in mt.stores:
+            stored.append(len(columns))
+        columns.append(column)
+    if not columns:
+        raise MapUnsupported("the rule reads no tensor of an instance")
+    spaces = [v.type.shape for v in columns[0]]
+    if any(v.type.shape != space for column in columns[1:] for v, space in zip(column, spaces)):
+        raise MapUnsupported("the tensors of an instance do not all have one shape")
+    # A parameter the kernel updates in place must be none of its other operands.
+    targets = [id(v) for k in stored for v in columns[k]]
+    others = {id(v) for k, column in enumerate(columns) if k not in stored for v in column}
+    if len(set(targets)) != len(targets) or not others.isdisjoint(targets):
+        raise MapUnsupported("a parameter the rule updates is also read another way")
+    return columns, [list(space) for space in spaces]
+
+
+def _operand(parent: tracer.Trace, obj: Any, key: tuple, written: set[int]) -> Value:
+    """The outer value an instance binds to a role."""
+    if isinstance(obj, Parameter):
+        if id(obj) in written:
+            raise MapUnsupported(f"{obj.name} was already assigned in this step")
+        return parent.read_input(obj)
+    if isinstance(obj, TracedTensor) and obj.trace is parent:
+        return obj.value
+    if isinstance(obj, Value):
+        return obj
+    raise MapUnsupported(f"role {key!r} is not a Parameter or a traced tensor")
 
 
 def _walk(obj: Any, steps: tuple, role: Hashable,

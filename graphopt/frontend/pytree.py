@@ -86,7 +86,10 @@ def check_same(expected: TreeDef, got: TreeDef, path: str) -> None:
         check_same(e, g, f"{path}.{key}")
 
 
+_NOT_NAME = re.compile(r"[^\w.]")
+
+
 def ir_name(path: str) -> str:
     """A path made fit for an IR name: letters, digits, `_` and `.` only."""
-    name = re.sub(r"[^\w.]", "_", path)
+    name = _NOT_NAME.sub("_", path)
     return name if name and (name[0].isalpha() or name[0] == "_") else f"a{name}"

@@ -400,7 +400,7 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None) -> Tra
         if spec[0] == "scalar":
             t, weak = TensorType((), _ARG_DEFAULT[_py_kind(leaf)]), True
         else:
-            t, weak = type_of_array(np.asarray(leaf)), False
+            t, weak = TensorType(spec[1], DTYPES[spec[2]]), False
         proxies.append(TracedTensor(trace.graph.add_input("arg", arg_name, t), trace, weak))
         kinds.append("arg")
     call_args = pytree.unflatten(in_tree, proxies)

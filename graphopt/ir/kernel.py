@@ -29,8 +29,8 @@ the token.
 """
 from __future__ import annotations
 
-import itertools
 import math
+import operator
 from dataclasses import dataclass, field
 from typing import Any, Iterator, Sequence
 
@@ -103,16 +103,19 @@ def instance_operands(node: Node, instance: int, lay: Layout | None = None) -> l
     return [node.inputs[lay.operand_index(instance, j)] for j in range(lay.body_inputs)]
 
 
-def instance_rows(node: Node, lay: Layout | None = None) -> Iterator[tuple[Value, ...]]:
-    """instance_operands of every instance, in order. Built column by column with slices (a
-    multi-tensor kernel has thousands of instances, and every pass that checks them walks
-    this)."""
+def columns(node: Node, lay: Layout | None = None) -> list[list[Value]]:
+    """For each body input, the operand every instance binds to it (a shared operand
+    repeated). Slices, not a walk: a multi-tensor kernel has thousands of instances."""
     lay = lay or layout(node)
     n, per, ins = lay.instances, len(lay.per_instance), node.inputs
-    if not lay.body_inputs:
-        return iter([()] * n)
-    return zip(*(itertools.repeat(ins[lay._slot[j]], n) if j in lay.shared else
-                 ins[lay._slot[j]:n * per:per] for j in range(lay.body_inputs)))
+    return [[ins[lay._slot[j]]] * n if j in lay.shared else ins[lay._slot[j]:n * per:per]
+            for j in range(lay.body_inputs)]
+
+
+def instance_rows(node: Node, lay: Layout | None = None) -> Iterator[tuple[Value, ...]]:
+    """instance_operands of every instance, in order."""
+    lay = lay or layout(node)
+    return zip(*columns(node, lay)) if lay.body_inputs else iter([()] * lay.instances)
 
 
 def stores(body: Graph) -> list[tuple[int, Node]]:
@@ -127,8 +130,8 @@ def written(node: Node) -> list[Value]:
         return [node.inputs[0]]
     if node.body is None:
         return []
-    targets = [j for j, _ in stores(node.body)]
-    return [row[j] for row in instance_rows(node) for j in targets]
+    cols = columns(node)
+    return [v for row in zip(*(cols[j] for j, _ in stores(node.body))) for v in row]
 
 
 def infer_types(node: Node) -> list[Type]:
@@ -148,24 +151,63 @@ def infer_types(node: Node) -> list[Type]:
                           f"instance(s) of a body with {lay.body_inputs} inputs, shared "
                           f"{list(lay.shared)}")
     targets = {j for j, _ in stores(body)}
-    elements = [x.type for x in body.inputs]
-    out: list[Type] = []
-    for space, row in zip(attrs["spaces"], instance_rows(node, lay)):
-        space = tuple(space)
+    spaces = [tuple(space) for space in attrs["spaces"]]
+    if not _operands_fit(node, lay, spaces, targets):
+        _explain_misfit(node, lay, spaces, targets)
+    by_output = [[TensorType(space, r.dtype) for space in spaces] if kind == "map" else
+                 [TensorType((), r.dtype)] * lay.instances
+                 for kind, r in zip(kinds, body.outputs)]
+    out: list[Type] = [t for row in zip(*by_output) for t in row]
+    return out + ([token] if lay.has_token else [])
+
+
+_TYPE, _DTYPE, _SHAPE = (operator.attrgetter(a) for a in ("type", "dtype", "shape"))
+
+
+def _operands_fit(node: Node, lay: Layout, spaces: list[tuple[int, ...]],
+                  targets: set[int]) -> bool:
+    """Whether every operand has its body input's dtype and a shape that broadcasts to its
+    instance's space (a stored one: that shape). Body input by body input, all instances at
+    once, in C loops (map, attrgetter, set): a multi-tensor kernel has thousands of operands."""
+    for j, (x, column) in enumerate(zip(node.body.inputs, columns(node, lay))):
+        if j in lay.shared:
+            column = column[:1]  # one value: the others are the same
+        types = list(map(_TYPE, column))
+        if x.type.shape != () or set(map(type, types)) != {TensorType} or \
+                set(map(_DTYPE, types)) != {x.dtype}:
+            return False
+        shapes = list(map(_SHAPE, types))
+        if j in lay.shared:
+            fits = shapes[0] == () and j not in targets or all(
+                shapes[0] == space if j in targets else _broadcasts(shapes[0], space)
+                for space in spaces)
+        else:
+            fits = shapes == spaces or j not in targets and all(
+                s == space or _broadcasts(s, space) for s, space in zip(shapes, spaces))
+        if not fits:
+            return False
+    return True
+
+
+def _explain_misfit(node: Node, lay: Layout, spaces: list[tuple[int, ...]],
+                    targets: set[int]) -> None:
+    """Raise the OpTypeError that names the first operand that does not fit."""
+    elements = [x.type for x in node.body.inputs]
+    for space, row in zip(spaces, instance_rows(node, lay)):
         for j, v in enumerate(row):
             t, x = v.type, elements[j]
             if type(t) is not TensorType or t.dtype != x.dtype or x.shape != ():
                 raise OpTypeError(f"kernel: operand {j} is {t}, the body reads it as {x}")
-            if t.shape != space and (j in targets or t.shape != () and not _broadcasts(t.shape, space)):
+            if t.shape != space and (j in targets or not _broadcasts(t.shape, space)):
                 need = "have the shape" if j in targets else "broadcast to"
                 raise OpTypeError(f"kernel: operand {j} ({t}) does not {need} the "
                                   f"iteration space {list(space)}")
-        for kind, r in zip(kinds, body.outputs):
-            out.append(TensorType(space if kind == "map" else (), r.dtype))
-    return out + ([token] if lay.has_token else [])
+    raise AssertionError("_operands_fit and _explain_misfit disagree")
 
 
 def _broadcasts(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
+    if shape == ():
+        return True
     try:
         return np.broadcast_shapes(shape, space) == space
     except ValueError:
@@ -240,19 +282,19 @@ def cost(node: Node) -> KernelCost:
     targets = {j for j, _ in stores(body)}
     read_in_body = {v for n in body.nodes if n.op != "store" for v in n.inputs}
     read_in_body |= set(body.outputs)
-    read = write = fixed = elements = 0
+    read = write = fixed = 0
     spaces = [tuple(space) for space in node.attrs["spaces"]]
-    rows = instance_rows(node, lay)
-    for i, (space, row) in enumerate(zip(spaces, rows)):
-        elements += math.prod(space)
-        for j, (x, v) in enumerate(zip(body.inputs, row)):
-            if i > 0 and j in lay.shared:
-                continue  # a shared operand is read once, as instance 0 reads it
-            if v.type.shape != space:
-                fixed += v.type.nbytes if x in read_in_body else 0
-            elif i == 0:  # per-element rates: every instance has the same ones
-                read += x.dtype.itemsize if x in read_in_body else 0
-                write += x.dtype.itemsize if j in targets else 0
+    elements = sum(map(math.prod, spaces))
+    for j, (x, column) in enumerate(zip(body.inputs, columns(node, lay))):
+        if j in lay.shared:
+            column = column[:1]  # read once, as instance 0 reads it
+        shapes = list(map(_SHAPE, map(_TYPE, column)))
+        if shapes[0] == spaces[0]:  # per-element rates: every instance has the same ones
+            read += x.dtype.itemsize if x in read_in_body else 0
+            write += x.dtype.itemsize if j in targets else 0
+        if x in read_in_body and shapes != spaces[:len(shapes)]:
+            fixed += sum(v.type.nbytes for v, shape, space in zip(column, shapes, spaces)
+                         if shape != space)
     for kind, r in zip(node.attrs["outputs"], body.outputs):
         if kind == "map":
             write += r.dtype.itemsize

@@ -108,13 +108,16 @@ def _check_node(node: Node, fail: Fail, region: bool) -> None:
                             f"{node.op} gives {', '.join(map(str, expected))}")
     if node.body is not None:
         targets = written(node)
-        uses = Counter(map(id, node.inputs))
-        for v in targets:
-            if v.kind != "param":
-                fail("assign-target", node, "a kernel stores only into parameters")
-            if uses[id(v)] != 1:
-                fail("kernel-aliasing", node, f"@{v.name} is stored by this kernel, so it must "
-                                              f"be exactly one of its operands")
+        if {v.kind for v in targets} - {"param"}:
+            fail("assign-target", node, "a kernel stores only into parameters")
+        # Each target once among all operands; counted only when a quick test says some
+        # operand repeats (kernels have thousands of operands).
+        if len(set(node.inputs)) != len(node.inputs):
+            uses = Counter(node.inputs)
+            for v in targets:
+                if uses[v] != 1:
+                    fail("kernel-aliasing", node, f"@{v.name} is stored by this kernel, so it "
+                                                  f"must be exactly one of its operands")
 
 
 def _check_body(body: Graph, fail: Fail) -> None:
@@ -151,24 +154,29 @@ def _check_writes(graph: Graph, fail: Fail) -> None:
     index = {id(n): i for i, n in enumerate(graph.nodes)}
     params = set(graph.params)
     writers: dict[Value, Node] = {}
+    own: dict[int, set[Value]] = {}  # what each node writes
     for n in graph.nodes:
-        for target in written(n):
-            if target not in params:
-                fail("assign-target", n, "assign must write a parameter (an @name input) of "
-                                         "this graph")
-            if target in writers:
-                fail("one-assign", n, f"@{target.name} is written more than once")
-            writers[target] = n
+        listed = written(n)
+        targets = own[id(n)] = set(listed)
+        if not targets:
+            continue
+        if not targets <= params:
+            fail("assign-target", n, "assign must write a parameter (an @name input) of "
+                                     "this graph")
+        if len(targets) != len(listed) or not targets.isdisjoint(writers):
+            again = next(v for v in listed if v in writers or listed.count(v) > 1)
+            fail("one-assign", n, f"@{again.name} is written more than once")
+        writers.update(dict.fromkeys(targets, n))
     readers: dict[Value, list[Node]] = {}
-    for n in graph.nodes:
-        for v in n.inputs:
-            if v in writers and writers[v] is not n:
-                readers.setdefault(v, []).append(n)
+    for n in graph.nodes:  # set operations: a kernel reads thousands of values
+        for v in (writers.keys() & n.inputs) - own[id(n)]:
+            readers.setdefault(v, []).append(n)
     # One search per writer, for the readers of everything it writes (a multi-tensor kernel
     # writes thousands of parameters).
     by_writer: dict[int, tuple[Node, list[Node]]] = {}
-    for target, w in writers.items():
-        by_writer.setdefault(id(w), (w, []))[1].extend(readers.get(target, []))
+    for target, reads in readers.items():
+        w = writers[target]
+        by_writer.setdefault(id(w), (w, []))[1].extend(reads)
     for w, reads in by_writer.values():
         unordered = unordered_readers(w.operands(), list(dict.fromkeys(reads)), producer, index)
         if unordered:

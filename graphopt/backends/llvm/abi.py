@@ -13,7 +13,7 @@ from dataclasses import dataclass
 from typing import NamedTuple
 
 from ...ir.graph import Node
-from ...ir.kernel import instance_rows, layout
+from ...ir.kernel import columns, instance_rows, layout
 from ...ir.printer import format_graph
 
 BLOCK_ELEMENTS = 8192  # elements per reduction block (a few pages of each operand)
@@ -100,21 +100,23 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None) -> KernelA
     kinds = list(node.attrs["outputs"])
     n_maps = kinds.count("map")
     instances = []
-    unit_offset = block_offset = 0
-    for space, row in zip(node.attrs["spaces"], instance_rows(node, lay)):
-        space = tuple(space)
-        shapes = [v.type.shape for v in row] + [space] * n_maps
-        if lay.instances > 1:  # hfuse: every operand streams or is a scalar; one flat loop
-            dims = (math.prod(space),)
-            strides = [(1,) if s == space else (0,) for s in shapes]
-        else:
-            dims, strides = collapse(space, shapes)
+    if lay.instances > 1:  # hfuse: every operand streams or is a scalar; one flat loop each
+        spaces = [tuple(space) for space in node.attrs["spaces"]]
+        streams = [[(1,) if v.type.shape == space else (0,) for v, space in zip(column, spaces)]
+                   for column in columns(node, lay)] + [[(1,)] * lay.instances] * n_maps
+        unit_offset = block_offset = 0
+        for space, strides in zip(spaces, zip(*streams)):
+            size = math.prod(space)
+            instances.append(Instance((size,), strides, unit_offset, BLOCK_ELEMENTS, block_offset))
+            unit_offset += size
+            block_offset += -(-size // BLOCK_ELEMENTS)
+    elif lay.instances == 1:
+        space = tuple(node.attrs["spaces"][0])
+        row = next(instance_rows(node, lay))
+        dims, strides = collapse(space, [v.type.shape for v in row] + [space] * n_maps)
         inner = math.prod(dims[1:])
-        inst = Instance(dims, tuple(strides), unit_offset, max(1, BLOCK_ELEMENTS // max(inner, 1)),
-                        block_offset)
-        instances.append(inst)
-        unit_offset += inst.units
-        block_offset += inst.blocks
+        instances.append(Instance(dims, tuple(strides), 0, max(1, BLOCK_ELEMENTS // max(inner, 1)),
+                                  0))
     # The function's name says what it computes: the same name is the same code.
     text = canonical_text(node) if text is None else text
     digest = hashlib.sha256((text + flags(fastmath)).encode()).hexdigest()[:16]
@@ -128,9 +130,12 @@ def canonical_text(node: Node) -> str:
     only the others are listed (a multi-tensor kernel has thousands of operands)."""
     lay = layout(node)
     spaces = [tuple(space) for space in node.attrs["spaces"]]
+    cols = columns(node, lay)
     odd: list[str] = []
-    for i, (space, row) in enumerate(zip(spaces, instance_rows(node, lay))):
-        odd += [f"{i}.{j}:{row[j].type}" for j in lay.per_instance if row[j].type.shape != space]
+    for j in lay.per_instance:
+        if [v.type.shape for v in cols[j]] != spaces:
+            odd += [f"{i}.{j}:{v.type}" for i, (v, space) in enumerate(zip(cols[j], spaces))
+                    if v.type.shape != space]
     shared = [f"{node.inputs[lay.operand_index(0, j)].type}" for j in lay.shared]
     return (f"kernel outputs={node.attrs['outputs']} shared={list(lay.shared)}:{shared} "
             f"instances={lay.instances}\nspaces={spaces}\nother shapes={odd}\n"

