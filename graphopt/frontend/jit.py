@@ -12,6 +12,7 @@ import gc
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
+from ..backends.executable import Executable
 from . import pytree
 from .tracer import bind_arguments, current_trace, leaf_spec, trace_function
 
@@ -57,15 +58,15 @@ class JittedFunction:
         functools.update_wrapper(self, fn)
 
     def _lookup(self, args: tuple, kwargs: dict):
-        from ..backends.executable import Executable
         leaves, paths, tree = pytree.flatten(bind_arguments(self.fn, args, kwargs))
         if self._tree is not None:
             pytree.check_same(self._tree, tree, self.__name__)
-        key = (tree, tuple(leaf_spec(x, p) for x, p in zip(leaves, paths)))
+        specs = [leaf_spec(x, p) for x, p in zip(leaves, paths)]
+        key = (tree, tuple(specs))
         exe = self._cache.get(key)
         if exe is None:
             with _gc_paused():
-                traced = trace_function(self.fn, args, kwargs)
+                traced = trace_function(self.fn, args, kwargs, (leaves, paths, tree, specs))
                 self._traces += 1
                 exe = Executable(self.fn, traced, self.backend, self.passes, self.fastmath,
                                  self.cache)

@@ -381,14 +381,20 @@ def leaf_spec(x: Any, path: str) -> tuple:
 _SUPPORTED = {d.np_dtype: d.name for d in DTYPES.values()}
 
 
-def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None) -> Traced:
+def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
+                   flat: tuple[list, list[str], pytree.TreeDef, list[tuple]] | None = None
+                   ) -> Traced:
+    """Trace fn on these arguments. `flat`: the arguments' leaves, paths, structure and leaf
+    specs, when the caller (jit) has them already."""
     name = pytree.ir_name(getattr(fn, "__name__", "step").strip("<>")) or "step"
-    arguments = bind_arguments(fn, args, kwargs or {})
-    leaves, paths, in_tree = pytree.flatten(arguments)
+    if flat is None:
+        leaves, paths, in_tree = pytree.flatten(bind_arguments(fn, args, kwargs or {}))
+        specs = [leaf_spec(x, p) for x, p in zip(leaves, paths)]
+    else:
+        leaves, paths, in_tree, specs = flat
     trace = Trace(name)
     proxies, kinds, used = [], [], set()
-    for leaf, path in zip(leaves, paths):
-        spec = leaf_spec(leaf, path)
+    for leaf, path, spec in zip(leaves, paths, specs):
         if spec[0] == "param":
             proxies.append(leaf)
             kinds.append("param")

@@ -163,10 +163,12 @@ class Graph:
         self.effects = ordering(self.effects)
 
     def clone(self) -> Graph:
-        """A deep copy: new Values and Nodes (bodies too), the same structure."""
+        """A copy to rewrite: new Nodes (bodies too) and node outputs, the same structure. The
+        inputs are the same Values: nothing changes an input, and a step's inputs can number
+        thousands."""
         g = Graph(self.name)
-        g.inputs = [Value(v.type, kind=v.kind, name=v.name) for v in self.inputs]
-        vmap: dict[Value, Value] = dict(zip(self.inputs, g.inputs))
+        g.inputs = list(self.inputs)
+        vmap: dict[Value, Value] = {}
         for n in self.nodes:
             m = Node(n.op, [vmap.get(v, v) for v in n.inputs], n.attrs,
                      [v.type for v in n.outputs], [vmap.get(v, v) for v in n.after], n.loc,

@@ -21,6 +21,7 @@ from typing import Callable, Iterable, TextIO
 
 from ..errors import GraphoptError, VerifyError
 from ..ir.graph import Graph
+from ..ir.verifier import verify
 from .cost import graph_bytes
 
 DEFAULT_PIPELINE = ("dce", "cse", "fold", "simplify", "cse", "dce", "fuse", "hfuse", "dce")
@@ -203,7 +204,7 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
 
 def _verify(g: Graph, what: str) -> None:
     try:
-        g.verify()
+        verify(g)
     except VerifyError as e:
         raise PassError(f"{what}: {e}") from e
 

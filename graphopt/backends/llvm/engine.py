@@ -16,6 +16,8 @@ from typing import TYPE_CHECKING
 import llvmlite
 import llvmlite.binding as llvm
 
+from . import cache
+
 if TYPE_CHECKING:
     from llvmlite import ir  # modules come from codegen; a warm start never imports it
 
@@ -202,7 +204,6 @@ done:
 def sink(use_cache: bool = True) -> SinkFn:
     """The sink function, loaded once per process; its object code is cached on disk like a
     kernel's (compiling it costs ~10 ms, a tenth of a warm start)."""
-    from . import cache
     parts = {"sink": SINK_IR, **target_parts()}
     key = cache.make_key(parts)
     obj = cache.load(key, parts) if use_cache else None

@@ -26,7 +26,7 @@ from ...errors import ExecutionError, GraphoptError, LoweringError
 from ...ir import kernel as kernel_ir
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import ELEMENTWISE, LINALG, REDUCTION, SHAPE, evaluate
-from . import engine
+from . import cache, engine
 from .abi import KernelABI, canonical_text, flags, plan
 
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, a second thread costs more than it saves
@@ -208,7 +208,6 @@ class Fallback:
 def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
     """Load the kernel's object code from the cache, or generate and compile it (and cache
     it). A cache hit needs only the kernel's plan: no LLVM IR is built."""
-    from . import cache
     start = time.perf_counter()
     text = canonical_text(node)
     abi = plan(node, fastmath, text)
