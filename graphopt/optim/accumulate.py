@@ -12,7 +12,7 @@ from typing import Any, Mapping, Sequence
 
 import numpy as np
 
-from .. import ops
+from .. import memory, ops
 from ..errors import OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.tensor import Tensor
@@ -37,8 +37,10 @@ class Accumulate:
             raise OptimizerError(f"Accumulate: steps must be an integer >= 1, got {steps!r}")
         self.opt, self.steps = opt, int(steps)
         self.count = Parameter(np.int64(0), name=f"{opt.name}.accum_count")
-        self.accum = [Parameter(np.zeros(s.param.shape, s.compute.np_dtype),
-                                name=f"{s.param.name}.grad_accum") for s in opt._slots]
+        self.accum = [Parameter.full(s.param.shape, 0, s.compute, name=f"{s.param.name}.grad_accum",
+                                     offset=memory.offset_after(s.param._value,
+                                                                len(s.state) + 1))
+                      for s in opt._slots]
 
     @property
     def params(self) -> list[Parameter]:

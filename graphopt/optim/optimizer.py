@@ -30,12 +30,13 @@ no Python branch on a traced value and one compiled step for both outcomes.
 from __future__ import annotations
 
 import functools
+import itertools
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
-from .. import ops
+from .. import memory, ops
 from ..errors import OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.hypermap import MapUnsupported, hypermap
@@ -315,15 +316,18 @@ class Optimizer:
         master = self.master_weights and p.dtype in LOW_PRECISION
         compute = f32 if master else p.dtype
         slot = Slot(p, group, compute, self.state_dtype or compute)
+        # Each state buffer starts k slots after the parameter's in the page, so a kernel's
+        # streams do not alias (graphopt.memory). Written now, not left to the first step:
+        # memory fresh from the system is faulted in by its first write, and in a step split
+        # over threads those faults contend (a first step of 1,000 tensors took 10 ms longer).
+        k = itertools.count(1)
         if master:
-            slot.state["master"] = Parameter(p.numpy().astype(np.float32), copy=False,
-                                             name=f"{p.name}.master")
+            slot.state["master"] = Parameter(p._value, dtype=f32, name=f"{p.name}.master",
+                                             offset=memory.offset_after(p._value, next(k)))
         for key, fill in self.init_state(group).items():
-            # Written now, not left to the first step: memory fresh from the system is
-            # faulted in by its first write, and in a step split over threads those faults
-            # contend (a first step of 1,000 tensors took 10 ms longer so; here ~3 ms).
-            value = np.full(p.shape, fill, slot.state_dtype.np_dtype)
-            slot.state[key] = Parameter(value, name=f"{p.name}.{key}", copy=False)
+            slot.state[key] = Parameter.full(p.shape, fill, slot.state_dtype,
+                                             name=f"{p.name}.{key}",
+                                             offset=memory.offset_after(p._value, next(k)))
         return slot
 
     def parameters(self) -> list[Parameter]:
