@@ -805,35 +805,20 @@ class _Timer:
         setattr(obj, attr, timed)
 
 
-def native_replay(exe, steps: int) -> float | None:
+def native_replay(exe, steps: int) -> Callable[[], tuple[float, float]] | None:
     """Seconds per step spent in native code alone: each compiled kernel is called again with
-    the arguments graphopt passed it, the pointers and ranges prepared once, the range split
-    over the same threads (the Python between calls is ~1 us)."""
+    the pointer table its last run used (the caller runs a step first), the range split over
+    the same threads, one call per kernel (the Python between calls is ~1 us)."""
     try:
         from graphopt.backends.llvm import runtime
-        calls = []
-        for k in exe.kernels:
-            captured: dict[str, Any] = {}
-            orig = k.fn
-
-            def spy(lo, hi, args, ptr, _orig=orig, _c=captured):
-                _c.setdefault("args", (args, ptr))
-                return _orig(lo, hi, args, ptr)
-            k.fn = spy
-            calls.append((k, orig, captured))
-        exe.program  # the caller runs one step with the spies in place
-        return lambda: _replay(calls, steps, runtime)
+        return lambda: _replay(exe.kernels, steps, runtime)
     except Exception as e:  # a diagnostic: internals may change
         print(f"(native replay unavailable: {e})")
         return None
 
 
-def _replay(calls, steps, runtime) -> float:
-    prepared = []
-    for k, orig, captured in calls:
-        k.fn = orig
-        args, ptr = captured["args"]
-        prepared.append((orig, k.splits(), args, ptr))
+def _replay(kernels, steps, runtime) -> tuple[float, float]:
+    prepared = [(k.fn, k.splits(), k._args, k._partials_ptr) for k in kernels]
     pool = runtime._workers()
 
     def once():
@@ -904,8 +889,21 @@ def profile_case(case: str, quick: bool, steps: int, variant: str = "graphopt",
     t.wrap(jitted, "_lookup", "jit: flatten + signature + lookup")
     t.wrap(exe, "_commit", "Executable._commit")
     t.wrap(exe.program, "run", "LLVMProgram.run")
+    sink = exe.program.sink  # the whole step in one native call per thread
+    native_label = "sink" if sink else "kernels"
     for k in exe.kernels:
-        t.wrap(k, "run", "NativeKernel.run (all kernels)")
+        t.wrap(k, "prepare", "prepare")
+        if not sink:
+            t.wrap(k, "run", native_label)
+    if sink:  # timed on thread 0 (the caller's): the other threads run alongside
+        fn, t.seconds[native_label] = exe.program._sink_fn, 0.0
+
+        def sink_on_caller(*a, _fn=fn):
+            s = time.perf_counter()
+            _fn(*a)
+            if a[2] == 0:
+                t.seconds[native_label] += time.perf_counter() - s
+        exe.program._sink_fn = sink_on_caller
     t.wrap(exe, "run", "Executable.run")
     timed = median_step(mean=True)
     per = {k: v / steps for k, v in t.seconds.items()}
@@ -918,17 +916,18 @@ def profile_case(case: str, quick: bool, steps: int, variant: str = "graphopt",
               f"everything else (Python) {max(0.0, wall - native_median) * 1e3:.2f} ms")
     lookup = per["jit: flatten + signature + lookup"]
     erun, prun = per["Executable.run"], per["LLVMProgram.run"]
-    krun, commit = per["NativeKernel.run (all kernels)"], per["Executable._commit"]
+    prep, commit = per["prepare"], per["Executable._commit"]
+    krun = per[native_label] - (0.0 if sink else prep)  # a kernel's run calls its prepare
     rows = [("jit __call__: pytree flatten, leaf_spec per argument, key lookup", lookup),
-            ("Executable.run before the runtime: argument checks (_checked_array), "
-             "param dict", erun - prun - commit),
-            ("LLVMProgram.run outside kernels: stored-roots set, _contiguous per array, env",
-             prun - krun),
-            ("NativeKernel.run: pointers (a.ctypes.data), ctypes array, splits(), call",
-             krun)]
+            ("Executable.run before the runtime: argument checks, param dict",
+             erun - prun - commit),
+            ("LLVMProgram.run outside the native calls: env, outputs, reductions",
+             prun - krun - prep),
+            ("pointer tables (NativeKernel.prepare: pointers of changed arrays, outputs)", prep),
+            ("the graph sink's native call on this thread (threads wait for each other)"
+             if sink else "NativeKernel.run less prepare: splits, thread hand-off, calls", krun)]
     if native is not None:
         rows.append(("  of which native code (replay)", native))
-        rows.append(("  of which Python in NativeKernel.run", krun - native))
     rows.append(("Executable._commit", commit))
     rows.append(("rest (JittedFunction.__call__, the timers themselves)", timed - lookup - erun))
     for label, secs in rows:
