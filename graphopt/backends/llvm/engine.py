@@ -204,7 +204,7 @@ done:
 def sink(use_cache: bool = True) -> SinkFn:
     """The sink function, loaded once per process; its object code is cached on disk like a
     kernel's (compiling it costs ~10 ms, a tenth of a warm start)."""
-    parts = {"sink": SINK_IR, **target_parts()}
+    parts = {"sink": SINK_IR.strip(), **target_parts()}
     key = cache.make_key(parts)
     obj = cache.load(key, parts) if use_cache else None
     if obj is None:
