@@ -3,7 +3,9 @@ write-after-read edges, locations), eager mode against jit, and the jit signatur
 
 Expected values are always computed with numpy on the same inputs, never written by hand.
 """
+import copy
 import os
+import pickle
 import re
 import warnings
 
@@ -1209,3 +1211,12 @@ def test_no_numpy_warnings_in_eager_or_jit():
         want = np.log(x) + np.sqrt(x) + x / x - x * np.inf
     assert_same(eager, want)
     assert_same(jitted, want)
+
+
+def test_dtypes_exist_once_also_through_copy_and_pickle():
+    """Types compare dtypes by identity (fast), so a copied or unpickled dtype must be the
+    same object."""
+    for d in (go.f16, go.bf16, go.f32, go.f64, go.i32, go.i64, go.bool_):
+        assert copy.deepcopy(d) is d and pickle.loads(pickle.dumps(d)) is d
+    t = go.Parameter(np.ones((2, 3), np.float32)).type
+    assert pickle.loads(pickle.dumps(t)) == t and copy.deepcopy(t).dtype is go.f32
