@@ -277,3 +277,37 @@ def test_backend_registry():
     assert exe.backend_name == "interpreter"
     exe(np.ones(2))
     assert exe.last_step_seconds is not None and exe.last_step_seconds >= 0
+
+
+DEAD_EFFECTS = """
+graph step {
+  param @w: f64[3]
+  param @m: f64[3]
+  arg %g: f64[3]
+  %0 = add @w, %g : f64[3]
+  %1 = assign @w, %0 : token
+  %2, %3 = kernel @m, %g {spaces=[[3]], outputs=["map"], shared=[]} : f64[3], token {
+    arg %x0: f64[]
+    arg %x1: f64[]
+    %0 = multiply %x0, %x1 : f64[]
+    %1 = store %x0, %0 : token
+    return %0 after(%1)
+  }
+  return %0
+}
+"""
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "llvm"])
+def test_effects_the_return_does_not_reach_do_not_run(backend, rng):
+    """DESIGN: an effect is live only if the return reaches it. Both backends run what dce
+    keeps, so a graph means the same before and after dce."""
+    g = go.parse(DEAD_EFFECTS).verify()
+    w, m, grad = rng.standard_normal((3, 3))
+    for graph in (g, go.passes.run(g, "dce").graph):
+        m_buffer = m.copy()  # the LLVM backend stores in place into the buffer it is given
+        inputs = {v: {"w": w, "m": m_buffer, "g": grad}[v.name] for v in graph.inputs}
+        outputs, updates = get_backend(backend).compile(graph).run(inputs)
+        assert_same(outputs[0], w + grad)
+        assert updates == {} and np.array_equal(m_buffer, m)
+    assert len(go.passes.run(g, "dce").graph.nodes) == 1

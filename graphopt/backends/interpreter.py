@@ -1,8 +1,10 @@
 """The reference backend: runs any valid graph node by node with numpy.
 
 Nodes run in graph order (the verifier guarantees it respects data and after edges); a kernel
-runs its body on whole arrays (see ir/kernel.py). Assigns and kernel stores are only collected: the caller commits them after the whole graph has run, so a step that
-fails part-way changes no Parameter.
+runs its body on whole arrays (see ir/kernel.py). Only the nodes the return reaches run
+(`analysis.live_nodes`: what dce keeps), so a graph means the same before and after dce.
+Assigns and kernel stores are only collected: the caller commits them after the whole graph
+has run, so a step that fails part-way changes no Parameter.
 """
 from __future__ import annotations
 
@@ -10,18 +12,22 @@ import numpy as np
 
 from ..errors import ExecutionError, GraphoptError
 from ..ir import kernel
-from ..ir.graph import Graph, Value
+from ..ir.analysis import run_order
+from ..ir.graph import Graph, Node, Value
 from ..ir.registry import evaluate
 
 
-def run(graph: Graph, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
-                                                                  dict[str, np.ndarray]]:
-    """Run the graph; return its outputs and the new value of each assigned parameter."""
+def run(graph: Graph, inputs: dict[Value, np.ndarray],
+        nodes: list[Node] | None = None) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
+    """Run the graph; return its outputs and the new value of each assigned parameter.
+    `nodes`: the live nodes, in order, when the caller has them already."""
+    if nodes is None:
+        nodes = run_order(graph)
     env: dict[Value, object] = dict(inputs)
     updates: dict[str, np.ndarray] = {}
     # NaN and Inf are values a training step works with (loss scaling looks for them).
     with np.errstate(all="ignore"):
-        for node in graph.nodes:
+        for node in nodes:
             if node.op == "assign":
                 updates[node.inputs[0].name] = env[node.inputs[1]]  # type: ignore[assignment]
                 env[node.out] = None  # a token carries no data
@@ -45,15 +51,16 @@ def run(graph: Graph, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray]
 
 
 class InterpreterProgram:
-    """The interpreter needs no compilation: its program is the graph."""
+    """The interpreter needs no compilation: its program is the graph's live nodes."""
 
     def __init__(self, graph: Graph):
         self.graph = graph
+        self.nodes = run_order(graph)
         self.kernels: list = []
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
                                                             dict[str, np.ndarray]]:
-        return run(self.graph, inputs)
+        return run(self.graph, inputs, self.nodes)
 
 
 def compile(graph: Graph, *, fastmath: bool = False, cache: bool = True) -> InterpreterProgram:

@@ -12,18 +12,29 @@ def producers(graph: Graph) -> dict[Value, Node]:
     return {v: n for n in graph.nodes for v in n.outputs}
 
 
-def live_nodes(graph: Graph, roots: Iterable[Value] | None = None) -> set[int]:
-    """ids of the nodes the roots reach through data and after edges (default: the return)."""
+def live_nodes(graph: Graph) -> set[int]:
+    """ids of the nodes a run of the graph executes: what the return reaches through data
+    edges, and through `after` edges to nodes with effects and to `depend`s (a pure node that
+    is only an ordering target does nothing observable). DESIGN's rule: an effect is live
+    only if the return reaches it. dce removes the other nodes; the backends skip them."""
     producer = producers(graph)
     live: set[int] = set()
-    stack = [producer[v] for v in (graph.returned() if roots is None else roots) if v in producer]
+    stack = [producer[v] for v in graph.returned() if v in producer]
     while stack:
         n = stack.pop()
         if id(n) in live:
             continue
         live.add(id(n))
-        stack.extend(producer[v] for v in n.operands() if v in producer)
+        stack += [producer[v] for v in n.inputs if v in producer]
+        stack += [producer[v] for v in n.after
+                  if v in producer and (has_effect(producer[v]) or producer[v].op == "depend")]
     return live
+
+
+def run_order(graph: Graph) -> list[Node]:
+    """The nodes a run executes, in graph order: the live ones."""
+    live = live_nodes(graph)
+    return [n for n in graph.nodes if id(n) in live]
 
 
 def unordered_readers(starts: Iterable[Value], readers: list[Node], producer: dict[Value, Node],

@@ -12,7 +12,7 @@ is DESIGN's rule that an effect is live only if the return reaches it.
 """
 from __future__ import annotations
 
-from ..ir.analysis import has_effect, producers
+from ..ir.analysis import live_nodes, producers
 from ..ir.graph import Graph
 from .manager import PassContext, register
 
@@ -20,16 +20,7 @@ from .manager import PassContext, register
 @register("dce")
 def dce(graph: Graph, ctx: PassContext) -> dict:
     producer = producers(graph)
-    live: set[int] = set()
-    stack = [producer[v] for v in graph.returned() if v in producer]
-    while stack:
-        n = stack.pop()
-        if id(n) in live:
-            continue
-        live.add(id(n))
-        stack += [producer[v] for v in n.inputs if v in producer]
-        stack += [producer[v] for v in n.after
-                  if v in producer and (has_effect(producer[v]) or producer[v].op == "depend")]
+    live = live_nodes(graph)
     before = len(graph.nodes)
     graph.nodes = [n for n in graph.nodes if id(n) in live]
     dropped = 0

@@ -24,6 +24,7 @@ import numpy as np
 from ... import envvars
 from ...errors import ExecutionError, GraphoptError, LoweringError
 from ...ir import kernel as kernel_ir
+from ...ir.analysis import run_order
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import ELEMENTWISE, LINALG, REDUCTION, SHAPE, evaluate
 from . import cache, engine
@@ -237,7 +238,8 @@ class LLVMProgram:
         self.kernels: list[NativeKernel] = []
         self.fallbacks: list[Fallback] = []
         self.native: dict[int, NativeKernel] = {}
-        for node in graph.nodes:
+        self.nodes = run_order(graph)  # what the return reaches: what dce would keep
+        for node in self.nodes:
             if node.body is None:
                 continue
             try:
@@ -253,20 +255,20 @@ class LLVMProgram:
         self.native_inputs = {v for k in self.kernels for v in k.node.inputs if v.is_input}
         # A failure after an in-place store must be undone: back up what is stored before a
         # node that could fail (numpy, a kernel that runs through numpy) comes.
-        first_store = next((i for i, n in enumerate(graph.nodes)
+        first_store = next((i for i, n in enumerate(self.nodes)
                             if id(n) in self.native and kernel_ir.written(n)), None)
         self.needs_backup = first_store is not None and any(
-            id(n) not in self.native and may_fail(n) for n in graph.nodes[first_store:])
+            id(n) not in self.native and may_fail(n) for n in self.nodes[first_store:])
         # The graph sink: when every node is a kernel compiled here, and no kernel reads a
         # reduction another computes (reductions are finished in Python after their kernel),
         # the whole step is one native call per thread (see engine.SINK_IR).
-        self.sink = len(self.kernels) > 1 and all(id(n) in self.native for n in graph.nodes)
+        self.sink = len(self.kernels) > 1 and all(id(n) in self.native for n in self.nodes)
         self._sink_fn = engine.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
         # Views of stored parameters can only come from nodes numpy runs.
         self.numpy_nodes = any(id(n) not in self.native and n.op != "assign"
-                               for n in graph.nodes)
+                               for n in self.nodes)
 
     @property
     def native_calls(self) -> int:
@@ -299,7 +301,7 @@ class LLVMProgram:
             return [early.get(v, env[v]) for v in self.graph.outputs], updates
         try:
             with np.errstate(all="ignore"):
-                for node in self.graph.nodes:
+                for node in self.nodes:
                     self._run_node(node, env, updates, stored_roots)
         except BaseException:
             for v, saved in backups.items():
@@ -312,7 +314,7 @@ class LLVMProgram:
         """Every kernel in one native call per thread: pointer tables first (outputs are
         allocated before anything runs), then the sink, then the reductions."""
         pending = []
-        for node in self.graph.nodes:
+        for node in self.nodes:
             k = self.native[id(node)]
             rows = k.prepare([env[v] for v in node.inputs])
             env.update(zip(node.outputs, [a for row in rows for a in row]))
@@ -336,7 +338,7 @@ class LLVMProgram:
         n = threads()
         if n not in self._sink_tables:
             steps = []  # (function address, kernel, ranges)
-            for node in self.graph.nodes:
+            for node in self.nodes:
                 k = self.native[id(node)]
                 steps.append((k.address, k, k.splits()))
                 if k.finish_fn is not None:  # one thread combines the partials
