@@ -67,6 +67,17 @@ def hfuse(graph: Graph, ctx: PassContext) -> dict:
                        f"they depend on each other through {names()[via.outputs[0]]}", None)
         else:
             buckets[sig].append(alone)
+    # Kernels of one body that read other scalars stay apart (one multi-tensor kernel shares
+    # each scalar operand among all its instances): say so, explain() shows it.
+    first_of_body: dict[tuple, Node] = {}
+    for sig, groups in buckets.items():
+        k = groups[0].members[0]
+        first = first_of_body.setdefault((sig[0], sig[1], sig[3]), k)
+        if first is not k:
+            ctx.refuse(f"{names()[k.outputs[0]]} = kernel",
+                       f"not mapped with the kernel of {names()[first.outputs[0]]}: the same "
+                       f"body, but other shared scalars ({_scalars(k, names())} vs "
+                       f"{_scalars(first, names())})", None)
     mapping: dict[Value, Value] = {}
     replaced: dict[int, Node] = {}
     made = 0
@@ -88,6 +99,10 @@ def hfuse(graph: Graph, ctx: PassContext) -> dict:
     install(graph, replaced, mapping)
     return {"multi_tensor_kernels": made,
             "kernels_mapped": sum(1 for _ in replaced)}
+
+
+def _scalars(k: Node, names: dict[Value, str]) -> str:
+    return ", ".join(names[v] for v in k.inputs if v.shape == ())
 
 
 def _combine(bundle: list[Node]) -> Node:
