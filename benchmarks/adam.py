@@ -806,18 +806,21 @@ class _Timer:
 
 
 def native_replay(exe, steps: int) -> Callable[[], tuple[float, float]] | None:
-    """Seconds per step spent in native code alone: each compiled kernel is called again with
-    the pointer table its last run used (the caller runs a step first), the range split over
-    the same threads, one call per kernel (the Python between calls is ~1 us)."""
+    """Seconds per step spent in native code alone: the step's kernels run again with the
+    pointer tables of their last run (the caller runs a step first), on the same threads:
+    the graph sink's table through its thread pool, or each kernel with its range split as
+    the runtime splits it (the Python between calls is ~1 us)."""
     try:
         from graphopt.backends.llvm import runtime
-        return lambda: _replay(exe.kernels, steps, runtime)
+        if exe.program.sink:
+            return lambda: _timed(exe.program.sink_call, steps)
+        return lambda: _timed(_kernel_calls(exe.kernels, runtime), steps)
     except Exception as e:  # a diagnostic: internals may change
         print(f"(native replay unavailable: {e})")
         return None
 
 
-def _replay(kernels, steps, runtime) -> tuple[float, float]:
+def _kernel_calls(kernels, runtime) -> Callable[[], None]:
     prepared = [(k.fn, k.splits(), k._args, k._partials_ptr) for k in kernels]
     pool = runtime._workers()
 
@@ -830,6 +833,10 @@ def _replay(kernels, steps, runtime) -> tuple[float, float]:
                 fn(ranges[0][0], ranges[0][1], args, ptr)
                 for f in futures:
                     f.result()
+    return once
+
+
+def _timed(once: Callable[[], None], steps: int) -> tuple[float, float]:
     once()
     ts = []
     for _ in range(steps):
@@ -895,15 +902,8 @@ def profile_case(case: str, quick: bool, steps: int, variant: str = "graphopt",
         t.wrap(k, "prepare", "prepare")
         if not sink:
             t.wrap(k, "run", native_label)
-    if sink:  # timed on thread 0 (the caller's): the other threads run alongside
-        fn, t.seconds[native_label] = exe.program._sink_fn, 0.0
-
-        def sink_on_caller(*a, _fn=fn):
-            s = time.perf_counter()
-            _fn(*a)
-            if a[2] == 0:
-                t.seconds[native_label] += time.perf_counter() - s
-        exe.program._sink_fn = sink_on_caller
+    if sink:  # the caller's share and its wait for the other threads
+        t.wrap(exe.program, "sink_call", native_label)
     t.wrap(exe, "run", "Executable.run")
     timed = median_step(mean=True)
     per = {k: v / steps for k, v in t.seconds.items()}

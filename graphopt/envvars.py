@@ -13,10 +13,10 @@
 |                            |             | `cache` (each cache hit and miss, with its parts)  |
 | `GRAPHOPT_BACKEND`         | `llvm`      | the backend `jit` uses when none is given:         |
 |                            |             | `llvm` or `interpreter` (numpy, the reference)     |
-| `GRAPHOPT_THREADS`         | (cores)     | threads a large kernel may split over (default:    |
-|                            |             | the machine's cores)                               |
-| `GRAPHOPT_VERIFY`          | `last`      | `each`: jit verifies the graph after every pass,   |
-|                            |             | not only the traced graph and the final one        |
+| `GRAPHOPT_THREADS`         | (cores)     | threads a large kernel may split over (default     |
+|                            |             | and most: the machine's cores)                     |
+| `GRAPHOPT_VERIFY`          | `last`      | `each`: jit verifies the traced graph and the      |
+|                            |             | graph after every pass, not only the final one     |
 
 Each switch is read when its function is called, never at import time, so a test can
 monkeypatch the environment and a program can change a switch while it runs. Switches are
@@ -57,7 +57,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
                                                          "(suffixes K, M, G)"),
     Variable("GRAPHOPT_LOG", "", "comma-separated log topics printed on stderr: cache"),
     Variable("GRAPHOPT_BACKEND", "llvm", "the backend jit uses when none is given"),
-    Variable("GRAPHOPT_THREADS", "", "threads a large kernel may split over (default: cores)"),
+    Variable("GRAPHOPT_THREADS", "", "threads a large kernel may split over (default and "
+                                     "most: cores)"),
     Variable("GRAPHOPT_VERIFY", "last", "each: jit verifies the traced graph and the graph "
                                         "after every pass, not only the final one"),
 )}
@@ -149,11 +150,13 @@ def _cores() -> int:
 
 
 def threads() -> int:
-    """GRAPHOPT_THREADS: how many threads a large kernel may use (default: every core)."""
+    """GRAPHOPT_THREADS: how many threads a large kernel may use (default and most: every
+    core; a step's threads wait for each other, so more threads than cores could never
+    finish)."""
     cores = _cores()
     text = get("GRAPHOPT_THREADS").strip()
     try:
-        return max(1, int(text)) if text else cores
+        return min(max(1, int(text)), cores) if text else cores
     except ValueError:
         raise ValueError(f"GRAPHOPT_THREADS={text!r} is not a number of threads") from None
 

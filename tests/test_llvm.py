@@ -1,9 +1,12 @@
 """The LLVM backend against the numpy interpreter (the reference), and its runtime's rules."""
+import multiprocessing
 import os
 import re
 import subprocess
 import sys
 import textwrap
+import threading
+import time
 
 import numpy as np
 import pytest
@@ -11,7 +14,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 import graphopt as go
-from graphopt import ops
+from graphopt import envvars, ops
+from graphopt.backends.llvm import sinkpool
 from graphopt.errors import ExecutionError, SignatureError
 from support import run_program
 
@@ -388,3 +392,89 @@ def test_reductions_between_kernels_are_combined_inside_the_sink(threads, monkey
                                                   for n in sizes)), rtol=1e-5)
     for a, b in zip(p1, p2):
         assert a.tobytes() == b.tobytes()
+
+
+def _adam_sink_step(sizes, name="w"):
+    ps = [go.Parameter(np.linspace(-1, 1, n, dtype=np.float32), name=f"{name}{i}")
+          for i, n in enumerate(sizes)]
+    opt = go.optim.Adam(ps, lr=1e-3, name=f"{name}opt")
+    grads = [np.cos(np.arange(n, dtype=np.float32)) for n in sizes]
+    fn = go.jit(opt.step, cache=False)
+    return fn, grads, ps
+
+
+def _reference(sizes, steps):
+    """The same steps, one kernel at a time on one thread."""
+    fn, grads, ps = _adam_sink_step(sizes, "r")
+    fn.lower(grads).program.sink = False
+    for _ in range(steps):
+        fn(grads)
+    return [p.numpy() for p in ps]
+
+
+def test_the_sink_pool_serves_steps_after_it_slept_and_from_two_threads(monkeypatch):
+    """The pool's threads poll for the next step, then sleep (sinkpool.py): steps far apart
+    wake them, and steps from two Python threads at once take turns; every result is the
+    one-thread, kernel-by-kernel one."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", "2")
+    sizes = [300_000, 1000]
+    fn, grads, ps = _adam_sink_step(sizes)
+    assert fn.lower(grads).program.sink
+    for _ in range(3):
+        fn(grads)
+        time.sleep(sinkpool.SPIN_SECONDS * 5)  # the pool's threads are asleep by now
+    assert all(a.tobytes() == b.tobytes()
+               for a, b in zip((p.numpy() for p in ps), _reference(sizes, 3)))
+    other = _adam_sink_step(sizes, "v")
+    errors = []
+
+    def steps(fn, grads):
+        try:
+            for _ in range(20):
+                fn(grads)
+        except BaseException as e:  # reported below: a thread's exception is not raised
+            errors.append(e)
+    threads = [threading.Thread(target=steps, args=(f, g)) for f, g in (other[:2], (fn, grads))]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert not errors and not any(t.is_alive() for t in threads)
+    want = _reference(sizes, 20)
+    assert all(a.tobytes() == b.tobytes() for a, b in zip((p.numpy() for p in other[2]), want))
+
+
+@pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
+@pytest.mark.parametrize("sink", [True, False])
+def test_a_forked_child_gets_threads_of_its_own(sink, monkeypatch):
+    """A child made by fork has none of its parent's threads: its 2-thread steps (through
+    the graph sink's pool, or kernel by kernel through the other) must not wait for them."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", "2")
+    sizes = [300_000]
+    fn, grads, ps = _adam_sink_step(sizes)
+    fn.lower(grads).program.sink = sink
+    fn(grads)  # the parent's threads exist now
+    ctx = multiprocessing.get_context("fork")
+    receive, send = ctx.Pipe(duplex=False)
+
+    def child():
+        fn(grads)
+        send.send(ps[0].numpy())
+    proc = ctx.Process(target=child)
+    proc.start()
+    got = receive.recv() if receive.poll(60) else None
+    proc.join(10)
+    if proc.is_alive():
+        proc.kill()
+    want = _reference(sizes, 2)  # the parent's step, then the child's
+    assert got is not None and got.tobytes() == want[0].tobytes()
+
+
+def test_more_threads_than_cores_are_capped(monkeypatch):
+    """Every thread of a step waits for the others, so a step on more threads than cores
+    could never finish: GRAPHOPT_THREADS is capped at the core count."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", str((os.cpu_count() or 1) + 3))
+    assert envvars.threads() == (os.cpu_count() or 1)
+    fn, grads, ps = _adam_sink_step([300_000])
+    fn(grads)
+    assert ps[0].numpy().tobytes() == _reference([300_000], 1)[0].tobytes()

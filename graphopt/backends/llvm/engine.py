@@ -31,6 +31,7 @@ _lock = threading.Lock()  # LLVM's global state is not thread-safe
 def _initialize() -> None:
     llvm.initialize_native_target()
     llvm.initialize_native_asmprinter()
+    llvm.initialize_native_asmparser()  # the sink's inline `pause`
 
 
 @functools.cache
@@ -132,7 +133,8 @@ def function(name: str) -> KernelFn:
 # -- the step sink: a whole step of kernels in one native call per thread ----------------------
 SinkFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_void_p)
-SINK_NAME = "graphopt_sink_v1"
+SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME = (
+    "graphopt_sink_v1", "graphopt_worker_v1", "graphopt_publish_v1", "graphopt_wait_v1")
 
 # void sink(i64 count, i64* entries, i64 thread, i64 threads, i64 stride, i64* barrier)
 #
@@ -187,33 +189,124 @@ wait:
 arrive:
   %old = atomicrmw add ptr %barrier, i64 1 seq_cst
   %goal = mul i64 %k1, %threads
-  br label %spin
-spin:
-  %seen = load atomic i64, ptr %barrier acquire, align 8
-  %early = icmp slt i64 %seen, %goal
-  br i1 %early, label %spin, label %next
+  call void @graphopt_wait_v1(ptr %barrier, i64 %goal)
+  br label %next
 next:
   br label %head
+done:
+  ret void
+}
+
+; i64 worker(ptr mailbox, i64 thread, i64 seen, i64 spins): a pool thread's loop. It runs
+; each step published in the mailbox (i64s: generation, count, entries, threads, stride,
+; barrier, done) as `thread`, counting it done, until `spins` polls in a row find no new
+; generation; it returns the last generation it saw, and the thread sleeps in Python.
+define i64 @graphopt_worker_v1(ptr %mb, i64 %thread, i64 %seen0, i64 %spins) {
+entry:
+  %count.p = getelementptr i64, ptr %mb, i64 1
+  %entries.p = getelementptr i64, ptr %mb, i64 2
+  %threads.p = getelementptr i64, ptr %mb, i64 3
+  %stride.p = getelementptr i64, ptr %mb, i64 4
+  %barrier.p = getelementptr i64, ptr %mb, i64 5
+  %done.p = getelementptr i64, ptr %mb, i64 6
+  br label %idle
+idle:
+  %seen = phi i64 [ %seen0, %entry ], [ %gen, %work ], [ %gen, %run ]
+  br label %poll
+poll:
+  %i = phi i64 [ 0, %idle ], [ %i1, %again ]
+  %gen = load atomic i64, ptr %mb acquire, align 8
+  %new = icmp ne i64 %gen, %seen
+  br i1 %new, label %work, label %again
+again:
+  {pause}
+  %i1 = add i64 %i, 1
+  %more = icmp slt i64 %i1, %spins
+  br i1 %more, label %poll, label %out
+out:
+  ret i64 %seen
+work:
+  %threads = load i64, ptr %threads.p
+  %mine = icmp slt i64 %thread, %threads
+  br i1 %mine, label %run, label %idle
+run:
+  %count = load i64, ptr %count.p
+  %entries.a = load i64, ptr %entries.p
+  %entries = inttoptr i64 %entries.a to ptr
+  %stride = load i64, ptr %stride.p
+  %barrier.a = load i64, ptr %barrier.p
+  %barrier = inttoptr i64 %barrier.a to ptr
+  call void @graphopt_sink_v1(i64 %count, ptr %entries, i64 %thread, i64 %threads,
+                              i64 %stride, ptr %barrier)
+  %old = atomicrmw add ptr %done.p, i64 1 release
+  br label %idle
+}
+
+; void publish(ptr mailbox): the next generation, after every store this thread made before
+; (release): a pool thread that sees it sees the step's table and counters too.
+define void @graphopt_publish_v1(ptr %mb) {
+  %old = atomicrmw add ptr %mb, i64 1 release
+  ret void
+}
+
+; void wait(ptr counter, i64 goal): returns once *counter >= goal.
+define void @graphopt_wait_v1(ptr %c, i64 %goal) {
+entry:
+  br label %poll
+poll:
+  %v = load atomic i64, ptr %c acquire, align 8
+  %ok = icmp sge i64 %v, %goal
+  br i1 %ok, label %done, label %again
+again:
+  {pause}
+  br label %poll
 done:
   ret void
 }
 """
 
 
+WorkerFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                            ctypes.c_int64)
+WaitFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
+PublishFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@dataclass(frozen=True)
+class Sink:
+    """The sink's functions: `run` a step's share as one thread, a pool thread's `worker`
+    loop, `publish` a step to the pool, `wait` for a counter (see SINK_IR)."""
+
+    run: SinkFn
+    worker: WorkerFn
+    publish: PublishFn
+    wait: WaitFn
+
+
+def _sink_ir() -> str:
+    # A spinning thread tells an x86 core so (`pause`: less power, and the core's other
+    # hardware thread runs on); other targets spin without it.
+    x86 = _host()[0].split("-")[0] in ("x86_64", "i386", "i686")
+    return SINK_IR.replace("{pause}", 'call void asm sideeffect "pause", ""()' if x86 else "")
+
+
 @functools.cache
-def sink(use_cache: bool = True) -> SinkFn:
-    """The sink function, loaded once per process; its object code is cached on disk like a
+def sink(use_cache: bool = True) -> Sink:
+    """The sink's functions, loaded once per process; its object code is cached on disk like a
     kernel's (compiling it costs ~10 ms, a tenth of a warm start)."""
-    parts = {"sink": SINK_IR.strip(), **target_parts()}
+    text = _sink_ir()
+    parts = {"sink": text.strip(), **target_parts()}
     key = cache.make_key(parts)
     obj = cache.load(key, parts) if use_cache else None
     if obj is None:
         with _lock:
-            mod = llvm.parse_assembly(SINK_IR)
+            mod = llvm.parse_assembly(text)
             mod.triple = target_machine().triple
             mod.data_layout = str(target_machine().target_data)
             mod.verify()
             obj = target_machine().emit_object(mod)
         if use_cache:
             cache.store(key, parts, obj)
-    return SinkFn(ctypes.cast(load(obj, SINK_NAME), ctypes.c_void_p).value)
+    load(obj, SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME)
+    return Sink(SinkFn(_loaded[SINK_NAME]), WorkerFn(_loaded[WORKER_NAME]),
+                PublishFn(_loaded[PUBLISH_NAME]), WaitFn(_loaded[WAIT_NAME]))

@@ -27,11 +27,12 @@ from ...ir import kernel as kernel_ir
 from ...ir.analysis import run_order
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import ELEMENTWISE, LINALG, REDUCTION, SHAPE, evaluate
-from . import cache, engine
+from . import cache, engine, sinkpool
 from .abi import KernelABI, canonical_text, flags, plan
 
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, a second thread costs more than it saves
 _pool: ThreadPoolExecutor | None = None
+_pool_pid = 0
 
 
 def threads() -> int:
@@ -39,10 +40,13 @@ def threads() -> int:
 
 
 def _workers() -> ThreadPoolExecutor:
-    global _pool
-    if _pool is None:  # enough workers for any later GRAPHOPT_THREADS up to the core count
+    """Threads for kernels called one by one (a step the graph sink cannot run): enough for
+    any GRAPHOPT_THREADS, made again in a forked child, which has none of its parent's."""
+    global _pool, _pool_pid
+    if _pool is None or _pool_pid != os.getpid():
         _pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 1) - 1),
                                    thread_name_prefix="graphopt")
+        _pool_pid = os.getpid()
     return _pool
 
 
@@ -263,7 +267,7 @@ class LLVMProgram:
         # reduction another computes (reductions are finished in Python after their kernel),
         # the whole step is one native call per thread (see engine.SINK_IR).
         self.sink = len(self.kernels) > 1 and all(id(n) in self.native for n in self.nodes)
-        self._sink_fn = engine.sink(cache) if self.sink else None
+        self._sink = engine.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
         # Views of stored parameters can only come from nodes numpy runs.
@@ -319,18 +323,20 @@ class LLVMProgram:
             rows = k.prepare([env[v] for v in node.inputs])
             env.update(zip(node.outputs, [a for row in rows for a in row]))
             pending.append((node, k, rows))
-        table, used = self._sink_table()
-        self._barrier[0] = 0
-        call = (table.shape[0], table.ctypes.data, used, table.shape[1],
-                self._barrier.ctypes.data)
-        sink = self._sink_fn
-        futures = [_workers().submit(sink, call[0], call[1], t, *call[2:])
-                   for t in range(1, used)]
-        sink(call[0], call[1], 0, *call[2:])
-        for f in futures:
-            f.result()
+        self.sink_call()
         for node, k, rows in pending:
             env.update(zip(node.outputs, k.finish(rows, combined=True)))
+
+    def sink_call(self) -> None:
+        """The sink over the kernel table as last prepared: on this thread, and on the
+        pool's threads (sinkpool.py) when the table is split."""
+        table, used = self._sink_table()
+        self._barrier[0] = 0
+        if used == 1:
+            self._sink.run(table.shape[0], table.ctypes.data, 0, 1, table.shape[1],
+                           self._barrier.ctypes.data)
+        else:
+            sinkpool.pool(self._sink).run(table, used, self._barrier)
 
     def _sink_table(self) -> tuple[np.ndarray, int]:
         """One row per kernel: function, pointer table, partials, then each thread's range of
