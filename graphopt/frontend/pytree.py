@@ -5,9 +5,10 @@ The structure (`TreeDef`) is part of a compiled step's signature; leaf paths suc
 """
 from __future__ import annotations
 
+import functools
 import re
 from dataclasses import dataclass
-from typing import Any
+from typing import Any, Sequence
 
 from ..errors import SignatureError
 
@@ -17,6 +18,13 @@ class TreeDef:
     kind: str  # "leaf", "none", "list", "tuple" or "dict"
     children: tuple[TreeDef, ...] = ()
     keys: tuple[Any, ...] = ()  # dict keys, in order
+
+    def __hash__(self) -> int:  # computed once: a step's signature hashes it on every call
+        h = self.__dict__.get("_hash")
+        if h is None:
+            h = hash((self.kind, self.children, self.keys))
+            object.__setattr__(self, "_hash", h)
+        return h
 
     def __str__(self) -> str:
         if self.kind in ("leaf", "none"):
@@ -28,17 +36,28 @@ class TreeDef:
 
 LEAF, NONE = TreeDef("leaf"), TreeDef("none")
 _CONTAINERS = (list, tuple, dict)
+_NOT_LEAVES = frozenset(_CONTAINERS) | {type(None)}
 
 
-def flatten(x: Any, path: str = "") -> tuple[list[Any], list[str], TreeDef]:
+# A list of n leaves, flattened on every call of a step: its structure and paths are made once.
+@functools.lru_cache(maxsize=64)
+def _leaves(kind: str, n: int) -> TreeDef:
+    return TreeDef(kind, (LEAF,) * n)  # one object: its hash is computed once
+
+
+@functools.lru_cache(maxsize=64)
+def _leaf_paths(path: str, n: int) -> tuple[str, ...]:
+    prefix = f"{path}." if path else ""
+    return tuple(f"{prefix}{i}" for i in range(n))  # shared: a tuple nobody can change
+
+
+def flatten(x: Any, path: str = "") -> tuple[list[Any], Sequence[str], TreeDef]:
     """Leaves in order, their dotted paths, and the structure."""
     if x is None:
         return [], [], NONE
     if isinstance(x, (list, tuple)) and type(x) in (list, tuple):
-        if not any(type(e) in _CONTAINERS or e is None for e in x):  # a list of leaves (of
-            prefix = f"{path}." if path else ""                      # 1,000 gradients, say)
-            return list(x), [f"{prefix}{i}" for i in range(len(x))], \
-                TreeDef(type(x).__name__, (LEAF,) * len(x))
+        if _NOT_LEAVES.isdisjoint(map(type, x)):  # a list of leaves (1,000 gradients, say)
+            return list(x), _leaf_paths(path, len(x)), _leaves(type(x).__name__, len(x))
         items = list(enumerate(x))
         kind = type(x).__name__
     elif isinstance(x, dict):

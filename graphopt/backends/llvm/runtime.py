@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import ctypes
 import math
+import operator
 import os
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -171,11 +172,15 @@ class NativeKernel:
         """Fill the pointer table for a call: the operands, and new arrays for the mapped
         outputs (returned, instance by instance)."""
         args, seen = self._args, self._seen
-        for i, a in enumerate(arrays):
-            if a is not seen[i]:
-                seen[i] = a
-                args[i] = data_address(a)
-        rows: list[list[np.ndarray | None]] = [[None] * len(self.node.body.outputs)
+        if not all(map(operator.is_, arrays, seen)):  # in C: thousands of operands, same as before
+            for i, a in enumerate(arrays):
+                if a is not seen[i]:
+                    seen[i] = a
+                    args[i] = data_address(a)
+        outputs = len(self.node.body.outputs)
+        if not outputs:  # a kernel that only stores: nothing to allocate
+            return []
+        rows: list[list[np.ndarray | None]] = [[None] * outputs
                                                for _ in self.node.attrs["spaces"]]
         base = len(self.node.inputs)
         for slot, (i, k, shape, dtype) in enumerate(self._maps):
