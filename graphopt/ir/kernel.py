@@ -29,6 +29,7 @@ the token.
 """
 from __future__ import annotations
 
+import itertools
 import math
 import operator
 from dataclasses import dataclass, field
@@ -181,9 +182,10 @@ def _operands_fit(node: Node, lay: Layout, spaces: list[tuple[int, ...]],
             fits = shapes[0] == () and j not in targets or all(
                 shapes[0] == space if j in targets else _broadcasts(shapes[0], space)
                 for space in spaces)
-        else:
+        else:  # the instances whose operand is not of their space's shape, found in C
+            odd = itertools.compress(zip(shapes, spaces), map(operator.ne, shapes, spaces))
             fits = shapes == spaces or j not in targets and all(
-                s == space or _broadcasts(s, space) for s, space in zip(shapes, spaces))
+                _broadcasts(s, space) for s, space in odd)
         if not fits:
             return False
     return True
