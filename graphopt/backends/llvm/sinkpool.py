@@ -54,6 +54,7 @@ class SinkPool:
 
     def run(self, table: np.ndarray, threads: int, barrier: np.ndarray) -> None:
         """One step: the table's kernels on `threads` threads, this one included."""
+        assert threads <= self.workers + 1, "a step on more threads than the pool could never end"
         count, stride = table.shape
         with self._step:
             self.mailbox[1:] = (count, table.ctypes.data, threads, stride,
