@@ -268,10 +268,10 @@ class LLVMProgram:
                             if id(n) in self.native and kernel_ir.written(n)), None)
         self.needs_backup = first_store is not None and any(
             id(n) not in self.native and may_fail(n) for n in self.nodes[first_store:])
-        # The graph sink: when every node is a kernel compiled here, and no kernel reads a
-        # reduction another computes (reductions are finished in Python after their kernel),
-        # the whole step is one native call per thread (see engine.SINK_IR).
-        self.sink = len(self.kernels) > 1 and all(id(n) in self.native for n in self.nodes)
+        # The graph sink: when every node is a kernel compiled here, the whole step is one
+        # native call per thread (see engine.SINK_IR), on the threads of sinkpool.py (a
+        # one-kernel step too: those threads start sooner than the executor's).
+        self.sink = bool(self.kernels) and all(id(n) in self.native for n in self.nodes)
         self._sink = engine.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
