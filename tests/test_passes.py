@@ -4,7 +4,7 @@ import re
 
 import numpy as np
 import pytest
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, example, given, settings
 from hypothesis import strategies as st
 
 import graphopt as go
@@ -191,6 +191,17 @@ def interpret(prog, params, args):
 
 @settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(prog=program, seed=st.integers(0, 2**16), fast=st.booleans())
+@example(
+    prog=[('unary', 0, 0, 0.0),
+     ('unary', 0, 0, 0.0),
+     ('unary', 4, 0, 0.0),
+     ('unary', 0, 0, 0.0),
+     ('unary', 0, 0, 0.0),
+     ('const', 23, 0, 0.0),
+     ('assign', 13, 0, 0.0)],
+    seed=0,
+    fast=True,
+)  # simplify (fastmath x*0 -> 0) left a dead reader of @p0 for dce
 def test_pipeline_keeps_semantics(prog, seed, fast):
     rng = np.random.default_rng(seed)
     params = [go.Parameter(rng.standard_normal(s).astype(np.float32), name=f"p{i}")

@@ -109,8 +109,8 @@ class Trace:
                 self.assigned[k] = (p, reads[value], loc)
         producer = producers(g)
         index = {id(n): i for i, n in enumerate(g.nodes)}
-        # Dead readers too: the verifier checks every node that reads @p, and a backend that
-        # runs every node must not let a dead one read a buffer its assign already overwrote.
+        # Every reader, dead ones too: only live ones must be ordered (the verifier's rule), and
+        # dce drops the edges to the others.
         readers: dict[Value, list] = {}
         for n in g.nodes:
             for v in n.inputs:

@@ -12,7 +12,8 @@ Each violation raises a VerifyError naming the rule and the node:
                      parameters
   one-assign         at most one write (assign or kernel store) per parameter
   write-after-read   every node that reads @p is ordered before the node that writes @p, by
-                     data or after edges; this is what lets a backend update @p in place
+                     data or after edges; this is what lets a backend update @p in place.
+                     Only live nodes count (what the return reaches): the others never run
   kernel-body        a kernel body has element-typed `arg` inputs and only elementwise ops,
                      scalar constants and stores (one per input); `store` appears only there
   kernel-aliasing    a parameter a kernel stores is bound to exactly one of its operands
@@ -23,7 +24,7 @@ from collections import Counter
 from typing import Callable
 
 from ..errors import GraphoptError, VerifyError
-from .analysis import producers, unordered_readers
+from .analysis import live_nodes, producers, unordered_readers
 from .graph import Graph, Node, Value
 from .kernel import infer_types, stores, written
 from .printer import Namer, format_node
@@ -167,16 +168,21 @@ def _check_writes(graph: Graph, fail: Fail) -> None:
             again = next(v for v in listed if v in writers or listed.count(v) > 1)
             fail("one-assign", n, f"@{again.name} is written more than once")
         writers.update(dict.fromkeys(targets, n))
+    # Only nodes that run count, the live ones (backends skip the rest): a pass may leave a
+    # dead reader of @p behind for dce to remove (simplify's x*0 -> 0 orphans x).
+    live = live_nodes(graph)
     readers: dict[Value, list[Node]] = {}
     for n in graph.nodes:  # set operations: a kernel reads thousands of values
-        for v in (writers.keys() & n.inputs) - own[id(n)]:
-            readers.setdefault(v, []).append(n)
+        if id(n) in live:
+            for v in (writers.keys() & n.inputs) - own[id(n)]:
+                readers.setdefault(v, []).append(n)
     # One search per writer, for the readers of everything it writes (a multi-tensor kernel
     # writes thousands of parameters).
     by_writer: dict[int, tuple[Node, list[Node]]] = {}
     for target, reads in readers.items():
         w = writers[target]
-        by_writer.setdefault(id(w), (w, []))[1].extend(reads)
+        if id(w) in live:
+            by_writer.setdefault(id(w), (w, []))[1].extend(reads)
     for w, reads in by_writer.values():
         unordered = unordered_readers(w.operands(), list(dict.fromkeys(reads)), producer, index)
         if unordered:

@@ -21,7 +21,8 @@ import functools
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel import infer_types, layout
-from ..ir.printer import format_graph, value_names
+from ..ir.printer import value_names
+from .cse import attrs_key
 from .grouping import Group, Grouping, install
 from .manager import PassContext, register
 
@@ -37,7 +38,20 @@ def signature(k: Node) -> tuple | None:
             shared.append((j, id(v)))  # the same scalar for every instance
         elif v.shape != space:
             return None  # a broadcast operand: its layout would differ per instance
-    return (format_graph(k.body), tuple(k.attrs["outputs"]), tuple(shared), space == ())
+    return (body_key(k.body), tuple(k.attrs["outputs"]), tuple(shared), space == ())
+
+
+def body_key(body: Graph) -> tuple:
+    """What a kernel body computes, without its Values: ops, exact attributes, types, and
+    which earlier value each node reads (cheaper than printing it, for thousands of kernels)."""
+    index = {v: i for i, v in enumerate(body.inputs)}
+    nodes = []
+    for n in body.nodes:
+        nodes.append((n.op, attrs_key(n.attrs), tuple(index[v] for v in n.inputs),
+                      tuple(v.type for v in n.outputs)))
+        index.update((v, len(index)) for v in n.outputs)
+    return (tuple(v.type for v in body.inputs), tuple(nodes),
+            tuple(index[v] for v in body.outputs), tuple(index[v] for v in body.effects))
 
 
 @register("hfuse")
