@@ -16,7 +16,7 @@ from hypothesis import strategies as st
 import graphopt as go
 from graphopt import envvars, ops
 from graphopt.backends.llvm import sinkpool
-from graphopt.errors import ExecutionError, SignatureError
+from graphopt.errors import ExecutionError, GraphoptError, SignatureError
 from support import run_program
 
 TOL = {np.float64: (1e-12, 1e-12), np.float32: (2e-5, 1e-6), np.float16: (4e-3, 1e-3)}
@@ -210,6 +210,42 @@ def test_bad_arrays_never_reach_native_code(bad):
     with pytest.raises(SignatureError, match="argument 'g'"):
         exe(g)
     assert w.numpy().tobytes() == before.tobytes()
+
+
+@pytest.mark.parametrize("bad", ["shape", "reshaped in place", "dtype", "noncontiguous",
+                                 "misaligned"])
+def test_a_repeated_call_is_checked_as_thoroughly(bad):
+    """jit recognises a call that repeats the last one's arrays (same structure, shapes,
+    dtypes, layout) in a few C loops; an array that differs in any of these still gets the
+    full check and its error, and changes nothing."""
+    ws = [go.Parameter(np.ones((8, 4), np.float32), name=f"w{i}") for i in range(3)]
+    opt = go.optim.SGD(ws, lr=0.1)
+    fn = go.jit(opt.step, backend="llvm", cache=False)
+    grads = [np.ones((8, 4), np.float32) for _ in ws]
+    for _ in range(3):
+        fn(grads)
+    assert fn.cache_info().hits == 2 and fn._lookup((grads,), {})[3]  # the quick check took it
+    before = [w.numpy() for w in ws]
+    g = np.ones((8, 4), np.float32)
+    if bad == "shape":
+        g = np.ones((4, 8), np.float32)
+    elif bad == "reshaped in place":
+        g.shape = (4, 8)
+    elif bad == "dtype":
+        g = g.astype(np.float64)
+    elif bad == "noncontiguous":
+        g = np.ones((4, 8), np.float32).T
+    else:
+        raw = np.zeros(8 * 4 * 4 + 1, np.uint8)
+        g = raw[1:].view(np.float32).reshape(8, 4)
+    # Layout: the runtime's check; shape or dtype: another signature, whose trace the
+    # optimizer's own gradient check stops.
+    error = SignatureError if bad in ("noncontiguous", "misaligned") else GraphoptError
+    with pytest.raises(error):
+        fn(grads[:2] + [g])
+    assert all(w.numpy().tobytes() == b.tobytes() for w, b in zip(ws, before))
+    fn(grads)  # and the step still runs
+    np.testing.assert_allclose(ws[0].numpy(), before[0] - 0.1, rtol=1e-6)
 
 
 def test_a_failure_after_an_in_place_store_changes_nothing():

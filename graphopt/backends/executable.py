@@ -40,6 +40,10 @@ class Executable:
         self._params = traced.params
         self.param_inputs = [(v, traced.params[v.name]) for v in self.graph.params]
         self._args = self.graph.args
+        # Every leaf of a call is an argument, in the graph's order (no Parameter passed in):
+        # what jit's fast path for a repeated call needs.
+        self.takes_only_arguments = all(k == "arg" for k in self._leaf_kinds) and \
+            len(self._args) == len(self._leaf_kinds)
         self._param_buffers = dict(self._param_arrays())
         self.last_step_seconds: float | None = None
 
@@ -48,11 +52,16 @@ class Executable:
         pytree.check_same(self._in_tree, tree, getattr(self.fn, "__name__", "step"))
         return self.run(leaves, paths)
 
-    def run(self, leaves: list[Any], paths: list[str], matched: bool = False) -> Any:
+    def run(self, leaves: list[Any], paths: Sequence[str], matched: bool = False,
+            checked: bool = False) -> Any:
         """Check every argument leaf, run the graph, then commit the assigns. `matched`: jit
         found this step by the leaves' shapes and dtypes, so only their layout is left to
-        check (for the arguments native code reads)."""
+        check (for the arguments native code reads); `checked`: jit checked that too, and
+        every leaf is an argument, in order."""
         inputs = dict(self._param_buffers)  # (a Parameter's buffer never changes: in place)
+        if checked:
+            inputs.update(zip(self._args, leaves))
+            leaves = []
         args = iter(self._args)
         for leaf, path, kind in zip(leaves, paths, self._leaf_kinds):
             if kind == "param":
