@@ -434,10 +434,12 @@ def _size(n: int) -> str:
 
 
 def _brief(desc: dict | None) -> str:
-    """What `list` shows of an entry: the kernel's first line and the flags."""
+    """What `list` shows of an entry: the kernel's first line and the flags (the graph sink's
+    entry: its first line)."""
     if desc is None:
         return "(no readable description)"
-    shown = {n: desc[n] for n in ("kernel", "flags") if n in desc} or dict(list(desc.items())[:2])
+    shown = {n: desc[n] for n in ("kernel", "sink", "flags") if n in desc} or \
+        dict(list(desc.items())[:2])
     return "  ".join(f"{n}: {v.get('first_line', '') if isinstance(v, dict) else _show(v)}"
                      for n, v in shown.items())
 
