@@ -432,11 +432,7 @@ def worker_bandwidth(quick: bool) -> dict:
 
     def best(fn, nbytes):
         fn()
-        ts = []
-        for _ in range(reps):
-            s = time.perf_counter()
-            fn()
-            ts.append(time.perf_counter() - s)
+        ts = _times(fn, reps)
         return {"best_gbps": nbytes / min(ts) / 1e9, "median_gbps": nbytes / np.median(ts) / 1e9}
 
     out["numpy_copy_1thread"] = best(lambda: np.copyto(a, b), 16 * n)
@@ -769,7 +765,7 @@ def plot(results: dict, cases: list[str], impls: list[str], path: Path, quick: b
             if r and "error" not in r:
                 xs.append(j + (k - (len(cols) - 1) / 2) * width)
                 ys.append(r["ms"])
-        bars = ax.bar(xs, ys, width, label=impl)
+        ax.bar(xs, ys, width, label=impl)
         for x, y in zip(xs, ys):
             ax.text(x, y * 1.05, fmt_ms(y), ha="center", va="bottom", fontsize=6, rotation=90)
     ax.set_yscale("log")
@@ -836,13 +832,19 @@ def _kernel_calls(kernels, runtime) -> Callable[[], None]:
     return once
 
 
+def _times(fn: Callable[[], Any], reps: int) -> list[float]:
+    """Seconds of each of `reps` calls of fn."""
+    ts = []
+    for _ in range(reps):
+        s = time.perf_counter()
+        fn()
+        ts.append(time.perf_counter() - s)
+    return ts
+
+
 def _timed(once: Callable[[], None], steps: int) -> tuple[float, float]:
     once()
-    ts = []
-    for _ in range(steps):
-        s = time.perf_counter()
-        once()
-        ts.append(time.perf_counter() - s)
+    ts = _times(once, steps)
     return float(np.median(ts)), float(np.mean(ts))
 
 
@@ -877,20 +879,15 @@ def profile_case(case: str, quick: bool, steps: int, variant: str = "graphopt",
         step()
 
     def median_step(mean: bool = False) -> float:
-        ts = []
-        for _ in range(steps):
-            s = time.perf_counter()
-            step()
-            ts.append(time.perf_counter() - s)
+        ts = _times(step, steps)
         return float(np.mean(ts) if mean else np.median(ts))
 
     wall = median_step()
     replay = native_replay(exe, steps)
-    step()  # captures each kernel's arguments
+    step()  # the replay reuses this step's pointer tables
     native_median, native = replay() if replay else (None, None)
     # Layer timers: jit's signature lookup, the Executable's checks, the runtime, each
     # kernel's run (pointers, ranges, native call), the commit.
-    import graphopt.frontend.jit as jit_mod  # noqa: F401
     t = _Timer()
     jitted = info["_jitted"]
     t.wrap(jitted, "_lookup", "jit: flatten + signature + lookup")

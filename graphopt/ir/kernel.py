@@ -98,12 +98,6 @@ def layout(node: Node) -> Layout:
                   len(body.outputs), bool(body.effects))
 
 
-def instance_operands(node: Node, instance: int, lay: Layout | None = None) -> list[Value]:
-    """The outer values bound to the body's inputs in one instance, in body-input order."""
-    lay = lay or layout(node)
-    return [node.inputs[lay.operand_index(instance, j)] for j in range(lay.body_inputs)]
-
-
 def columns(node: Node, lay: Layout | None = None) -> list[list[Value]]:
     """For each body input, the operand every instance binds to it (a shared operand
     repeated). Slices, not a walk: a multi-tensor kernel has thousands of instances."""
@@ -114,7 +108,7 @@ def columns(node: Node, lay: Layout | None = None) -> list[list[Value]]:
 
 
 def instance_rows(node: Node, lay: Layout | None = None) -> Iterator[tuple[Value, ...]]:
-    """instance_operands of every instance, in order."""
+    """The operands of every instance, each in body-input order."""
     lay = lay or layout(node)
     return zip(*columns(node, lay)) if lay.body_inputs else iter([()] * lay.instances)
 

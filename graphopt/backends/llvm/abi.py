@@ -136,7 +136,7 @@ def canonical_text(node: Node) -> str:
         if [v.type.shape for v in cols[j]] != spaces:
             odd += [f"{i}.{j}:{v.type}" for i, (v, space) in enumerate(zip(cols[j], spaces))
                     if v.type.shape != space]
-    shared = [f"{node.inputs[lay.operand_index(0, j)].type}" for j in lay.shared]
+    shared = [f"{cols[j][0].type}" for j in lay.shared]
     return (f"kernel outputs={node.attrs['outputs']} shared={list(lay.shared)}:{shared} "
             f"instances={lay.instances}\nspaces={spaces}\nother shapes={odd}\n"
             f"{format_graph(node.body)}")
