@@ -17,6 +17,12 @@
 |                            |             | and most: the machine's cores)                     |
 | `GRAPHOPT_VERIFY`          | `last`      | `each`: jit verifies the traced graph and the      |
 |                            |             | graph after every pass, not only the final one     |
+| `GRAPHOPT_CPU`             | `host`      | the CPU kernels are compiled for: an LLVM CPU name |
+|                            |             | (`x86-64`, `x86-64-v3`, `znver3`, `neoverse-n1`,   |
+|                            |             | ...) or `host`; code this host cannot run is       |
+|                            |             | refused (TargetError) before it is loaded          |
+| `GRAPHOPT_CPU_FEATURES`    | (unset)     | LLVM features added to the CPU's, comma-separated  |
+|                            |             | (`+avx2,-fma`); with `host`: to the host's         |
 
 Each switch is read when its function is called, never at import time, so a test can
 monkeypatch the environment and a program can change a switch while it runs. Switches are
@@ -61,6 +67,9 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
                                      "most: cores)"),
     Variable("GRAPHOPT_VERIFY", "last", "each: jit verifies the traced graph and the graph "
                                         "after every pass, not only the final one"),
+    Variable("GRAPHOPT_CPU", "host", "the CPU kernels are compiled for: an LLVM CPU name, or "
+                                     "host"),
+    Variable("GRAPHOPT_CPU_FEATURES", "", "LLVM CPU features added to the CPU's (+avx2,-fma)"),
 )}
 
 # Values set in code (set_var, override); they win over os.environ.
@@ -165,6 +174,16 @@ def verify_each() -> bool:
     """GRAPHOPT_VERIFY=each: verify the input and after every pass, also in jit (slower
     compiles)."""
     return get("GRAPHOPT_VERIFY").strip().lower() == "each"
+
+
+def cpu() -> str:
+    """GRAPHOPT_CPU: the LLVM CPU name kernels are compiled for (`host`: this machine's)."""
+    return get("GRAPHOPT_CPU").strip() or "host"
+
+
+def cpu_features() -> str:
+    """GRAPHOPT_CPU_FEATURES: LLVM feature flags added to the CPU's, as LLVM spells them."""
+    return ",".join(f.strip() for f in get("GRAPHOPT_CPU_FEATURES").split(",") if f.strip())
 
 
 def log_topics() -> frozenset[str]:

@@ -71,6 +71,11 @@ class LoweringError(GraphoptError):
     """An op (or a dtype) the LLVM backend cannot compile; its kernel runs through numpy."""
 
 
+class TargetError(GraphoptError, ValueError):
+    """A compilation target (GRAPHOPT_CPU, GRAPHOPT_CPU_FEATURES) that LLVM does not know, or
+    whose code this host cannot run: refused before any of its code is loaded."""
+
+
 class OptimizerError(GraphoptError, ValueError):
     """Bad input to an optimizer, a schedule, a loss scaler or a checkpoint: a hyper-parameter
     out of range, a gradient of the wrong shape or dtype, a parameter in two groups. The

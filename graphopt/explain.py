@@ -4,7 +4,8 @@
 
 prints, pass by pass, the statistics and a unified diff of the text IR (or "no change"),
 then every merge `fuse` or `hfuse` refused, with its reason: the outside path that would have
-made a cycle, the spaces that did not match, the reduction needed too early, the cost term.
+made a cycle, the spaces that did not match, the reduction needed too early, the cost term;
+last, the graph after the passes and the target the LLVM backend compiles it for.
 """
 from __future__ import annotations
 
@@ -34,6 +35,8 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
                 where = f" [{r.loc}]" if r.loc is not None else ""
                 print(f"  {r.subject}{where}: {r.reason}", file=out)
     print(f"=== result\n{result}", file=out)
+    from .backends.llvm.target import describe  # (loads llvmlite: only when explaining)
+    print(f"=== llvm target: {describe()}", file=out)
     return result
 
 

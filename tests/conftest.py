@@ -20,3 +20,40 @@ def reference_backend(monkeypatch):
     llvm backend's exp, log and pow come from the C library, its sums are blocked; tests of
     it are in test_llvm.py, with stated tolerances)."""
     monkeypatch.setenv("GRAPHOPT_BACKEND", "interpreter")
+
+
+# -- CPU levels: the LLVM differential tests run for each (the `cpu_level` fixture) ----------
+def _cpu_levels() -> tuple[str, ...]:
+    """The baseline, AVX2 and this host on x86-64: so an AVX-512 machine also tests the code an
+    AVX2 laptop runs, and any machine tests the baseline. Elsewhere: the baseline and host."""
+    import platform
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ("x86-64", "x86-64-v3", "host")
+    return ("generic", "host")
+
+
+CPU_LEVELS = _cpu_levels()
+_levels_seen: dict[str, str] = {}  # level -> "ran", or why it was skipped
+
+
+@pytest.fixture(params=CPU_LEVELS)
+def cpu_level(request):
+    """GRAPHOPT_CPU for the test; a level this host cannot run is skipped, saying why."""
+    from graphopt import envvars
+    from graphopt.backends.llvm.target import selected
+    from graphopt.errors import TargetError
+    with envvars.override(GRAPHOPT_CPU=request.param):
+        try:
+            target = selected()
+        except TargetError as e:
+            _levels_seen[request.param] = f"skipped: {e}"
+            pytest.skip(str(e))
+        _levels_seen.setdefault(request.param, f"ran ({target})")
+        yield request.param
+
+
+def pytest_terminal_summary(terminalreporter):
+    if _levels_seen:
+        terminalreporter.section("CPU levels of the LLVM tests")
+        for level in CPU_LEVELS:
+            terminalreporter.line(f"GRAPHOPT_CPU={level}: {_levels_seen.get(level, 'not run')}")

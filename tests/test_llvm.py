@@ -79,6 +79,7 @@ def sgd_momentum(params, lr=0.1, momentum=0.9, nesterov=True):
     return step
 
 
+@pytest.mark.usefixtures("cpu_level")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("rule", ["adam", "adamw", "sgd"])
 def test_optimizer_kernels_match_the_interpreter(rule, dtype):
@@ -118,7 +119,9 @@ def random_step(prog):
     return build
 
 
-@settings(max_examples=40, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@pytest.mark.usefixtures("cpu_level")
+@settings(max_examples=40, deadline=None, suppress_health_check=[
+    HealthCheck.too_slow, HealthCheck.function_scoped_fixture])  # (the level is per test)
 @given(prog=programs, seed=st.integers(0, 2**16), dtype=st.sampled_from([np.float32, np.float64]))
 def test_random_programs_match_the_interpreter(prog, seed, dtype):
     rng = np.random.default_rng(seed)
@@ -132,6 +135,7 @@ def test_random_programs_match_the_interpreter(prog, seed, dtype):
         assert_close(a, b, dtype)
 
 
+@pytest.mark.usefixtures("cpu_level")
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64", "i32", "i64"])
 def test_every_dtype_compiles_and_matches(dtype):
     d = go.ir.to_dtype(dtype)
@@ -158,6 +162,7 @@ def test_every_dtype_compiles_and_matches(dtype):
     assert fn.lower(x, y).kernels  # it really was compiled
 
 
+@pytest.mark.usefixtures("cpu_level")
 def test_broadcast_operands_take_strided_loops():
     rng = np.random.default_rng(3)
     x, row, col = (rng.standard_normal(s) for s in [(6, 5, 4), (4,), (5, 1)])
@@ -172,6 +177,7 @@ def test_broadcast_operands_take_strided_loops():
     assert len(k.abi.instances[0].dims) >= 2  # a real nest: the operands broadcast
 
 
+@pytest.mark.usefixtures("cpu_level")
 def test_reductions_are_deterministic_across_threads(monkeypatch):
     x = np.random.default_rng(4).standard_normal(3_000_000).astype(np.float32)
     step = lambda x: ((x * x).sum(), x.max(), (x * 0.5).mean())  # noqa: E731
@@ -325,6 +331,7 @@ OPTIMIZERS = {
 }
 
 
+@pytest.mark.usefixtures("cpu_level")
 @pytest.mark.parametrize("name", sorted(OPTIMIZERS))
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 def test_every_optimizer_on_llvm_matches_the_interpreter(name, dtype):
@@ -354,6 +361,7 @@ def test_llvm_is_the_default_backend(monkeypatch):
     assert go.jit(lambda x: x * 2).lower(np.ones(3)).backend_name == "interpreter"
 
 
+@pytest.mark.usefixtures("cpu_level")
 def test_float_to_int_casts_match_numpy():
     x = np.array([0.0, -0.0, 1.9, -1.9, 2.5e9, -2.5e9, np.inf, -np.inf, np.nan, 3e38],
                  np.float32)
@@ -374,6 +382,7 @@ def test_cli_emits_llvm_ir_and_assembly(tmp_path, capsys):
     assert ".globl\tkernel_" in capsys.readouterr().out
 
 
+@pytest.mark.usefixtures("cpu_level")
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_a_fully_fused_step_is_one_native_call_per_thread(threads, monkeypatch):
     """The graph sink: every kernel of the step in one call per thread, with a barrier
@@ -397,6 +406,7 @@ def test_a_fully_fused_step_is_one_native_call_per_thread(threads, monkeypatch):
         assert a.tobytes() == b.tobytes()
 
 
+@pytest.mark.usefixtures("cpu_level")
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_reductions_between_kernels_are_combined_inside_the_sink(threads, monkeypatch):
     """Clipping: the gradient norm is a reduction the update reads. Its blocks' partial

@@ -3,7 +3,8 @@ compiled to native code, parameters updated in place).
 
 A backend is a module with `compile(graph, *, fastmath, cache) -> program`, where
 `program.run(inputs)` returns the graph's outputs and the new values of the parameters it
-did not already update in place.
+did not already update in place, and `target() -> str`: the switches its programs depend on
+(the LLVM backend's GRAPHOPT_CPU), so that jit compiles again when they change.
 """
 from __future__ import annotations
 

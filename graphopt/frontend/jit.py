@@ -54,20 +54,22 @@ class _LastCall:
     every time). Alignment is checked again only for arrays that are not the last call's (a
     buffer never moves)."""
 
-    def __init__(self, tree: pytree.TreeDef, leaves: list, exe: Any):
+    def __init__(self, tree: pytree.TreeDef, leaves: list, exe: Any, target: str):
         self.tree, self.exe, self.leaves = tree, exe, leaves  # (the runtime keeps them too)
+        self.target = target
         self.shapes, self.dtypes = list(map(_SHAPE, leaves)), list(map(_DTYPE, leaves))
         self.strides = list(map(_STRIDES, leaves))
 
     @classmethod
-    def of(cls, tree: pytree.TreeDef, leaves: list, exe: Any) -> _LastCall | None:
+    def of(cls, tree: pytree.TreeDef, leaves: list, exe: Any, target: str) -> _LastCall | None:
         if leaves and set(map(type, leaves)) == {np.ndarray} and exe.takes_only_arguments \
                 and all(map(_CONTIGUOUS, leaves)) and all(map(_ALIGNED, leaves)):
-            return cls(tree, leaves, exe)
+            return cls(tree, leaves, exe, target)
         return None
 
-    def matches(self, tree: pytree.TreeDef, leaves: list) -> bool:
-        return (tree == self.tree and set(map(type, leaves)) == {np.ndarray}
+    def matches(self, tree: pytree.TreeDef, leaves: list, target: str) -> bool:
+        return (tree == self.tree and target == self.target
+                and set(map(type, leaves)) == {np.ndarray}
                 and list(map(_SHAPE, leaves)) == self.shapes
                 and list(map(_DTYPE, leaves)) == self.dtypes
                 and list(map(_STRIDES, leaves)) == self.strides
@@ -83,7 +85,7 @@ class JittedFunction:
         from ..backends import get_backend
         from ..passes.manager import parse_pipeline
         backend = backend or envvars.backend()
-        get_backend(backend)  # an unknown backend or pass fails here, not at the first call
+        self._target = get_backend(backend).target  # (unknown backends and passes fail here)
         self.passes = parse_pipeline(passes)
         self.fastmath = fastmath
         self.cache = cache
@@ -97,14 +99,15 @@ class JittedFunction:
 
     def _lookup(self, args: tuple, kwargs: dict):
         leaves, paths, tree = pytree.flatten(bind_arguments(self.fn, args, kwargs))
+        target = self._target()  # a step compiled for another GRAPHOPT_CPU is not reused
         last = self._last
-        if last is not None and last.matches(tree, leaves):
+        if last is not None and last.matches(tree, leaves, target):
             self._hits += 1
             return last.exe, leaves, paths, True
         if self._tree is not None:
             pytree.check_same(self._tree, tree, self.__name__)
         specs = [leaf_spec(x, p) for x, p in zip(leaves, paths)]
-        key = (tree, tuple(specs))
+        key = (tree, tuple(specs), target)
         exe = self._cache.get(key)
         if exe is None:
             with _gc_paused():
@@ -117,7 +120,7 @@ class JittedFunction:
             self._tree = tree
         else:
             self._hits += 1
-        self._last = _LastCall.of(tree, leaves, exe)
+        self._last = _LastCall.of(tree, leaves, exe, target)
         return exe, leaves, paths, False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

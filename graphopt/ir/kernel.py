@@ -39,7 +39,7 @@ import numpy as np
 
 from ..errors import ExecutionError, OpTypeError
 from .graph import Graph, Node, Value
-from .registry import EFFECT, KERNEL, OpDef, register
+from .registry import EFFECT, KERNEL, OpDef, get_op, register
 from .types import TensorType, Type, token
 
 REDUCTIONS = {"sum": np.sum, "max": np.max, "mean": np.mean}
@@ -239,8 +239,10 @@ def run(node: Node, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray],
                                      f"{e}; no parameter was changed", loc=n.loc) from None
         for kind, r in zip(node.attrs["outputs"], body.outputs):
             full = np.broadcast_to(env[r], space)
-            # The same call as the unfused reduction node: the same summation order.
-            result = full if kind == "map" else REDUCTIONS[kind](full, axis=tuple(range(len(space))))
+            # The unfused reduction node's own semantics: the same summation order, and 16-bit
+            # floats accumulated in f32.
+            result = full if kind == "map" else get_op(kind).impl(
+                full, axes=tuple(range(len(space))), keepdims=False)
             outputs.append(np.array(result, dtype=r.dtype.np_dtype))
     return outputs, writes
 

@@ -20,7 +20,7 @@ import numpy as np
 from ..errors import OpTypeError
 from .registry import (CONSTANT, CONTROL, EFFECT, ELEMENTWISE, INDEX, LINALG, NN, REDUCTION,
                        SHAPE, OpDef, VjpRule, register)
-from .types import DType, TensorType, Type, bool_, to_dtype, token
+from .types import DType, TensorType, Type, bf16, bool_, f16, to_dtype, token
 
 NUM = ("float", "int")
 FLOAT = ("float",)
@@ -192,9 +192,16 @@ def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...],
         return [TensorType(shape, x.dtype)]
 
     def run(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        if x.dtype in _HALVES:
+            # f16 and bf16 accumulate in f32 and round once (numpy does so for f16 only; a
+            # bf16 sum in bf16 stops growing after a few hundred elements)
+            return impl(x.astype(np.float32), axis=tuple(axes), keepdims=keepdims).astype(x.dtype)
         return impl(x, axis=tuple(axes), keepdims=keepdims)
 
     return register(OpDef(name, REDUCTION, infer, run, attrs=("axes", "keepdims"), vjp=(vjp,)))
+
+
+_HALVES = (f16.np_dtype, bf16.np_dtype)
 
 
 def _unreduce(ct: Any, x: Any, axes: tuple[int, ...]) -> Any:

@@ -1,8 +1,16 @@
 """The LLVM backend: codegen, JIT engine, disk cache, runtime.
 
-`compile(graph)` compiles every kernel node of a graph to native code for this CPU (or loads
-it from the disk cache) and returns a program that runs the graph with them.
+`compile(graph)` compiles every kernel node of a graph to native code for the selected target
+(target.py: this CPU, or GRAPHOPT_CPU's) or loads it from the disk cache, and returns a
+program that runs the graph with them.
 """
+from ... import envvars
 from .runtime import LLVMProgram, compile
 
-__all__ = ["compile", "LLVMProgram"]
+
+def target() -> str:
+    """The switches that choose what kernels are compiled for (checked when compiling)."""
+    return f"{envvars.cpu()} {envvars.cpu_features()}"
+
+
+__all__ = ["compile", "target", "LLVMProgram"]

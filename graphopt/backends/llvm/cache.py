@@ -434,11 +434,11 @@ def _size(n: int) -> str:
 
 
 def _brief(desc: dict | None) -> str:
-    """What `list` shows of an entry: the kernel's first line and the flags (the graph sink's
-    entry: its first line)."""
+    """What `list` shows of an entry: the kernel's first line, the flags and the CPU (runtime
+    code's entries, the sink's and the helpers': their first line)."""
     if desc is None:
         return "(no readable description)"
-    shown = {n: desc[n] for n in ("kernel", "sink", "flags") if n in desc} or \
+    shown = {n: desc[n] for n in ("kernel", "runtime", "flags", "cpu") if n in desc} or \
         dict(list(desc.items())[:2])
     return "  ".join(f"{n}: {v.get('first_line', '') if isinstance(v, dict) else _show(v)}"
                      for n, v in shown.items())

@@ -205,6 +205,8 @@ class Emitter:
         elif isinstance(x.type, ir.IntType):
             v = x if x.type == to else (b.sext(x, to) if to.width > x.type.width
                                         else b.trunc(x, to))
+        elif dst.name == "f16" and x.type == F64:  # rounded once, as numpy's astype rounds
+            return b.fpext(b.fptrunc(x, HALF), F32)
         elif x.type != to:
             v = b.fpext(x, to) if to == F64 else b.fptrunc(x, to)
         else:

@@ -1,22 +1,23 @@
 """The JIT engine: LLVM IR -> optimised module -> object code -> a callable function.
 
-The target machine is the host's (CPU name and features from LLVM), at O3 with loop and SLP
-vectorization. Object code is what the disk cache keeps (see cache.py); loading it needs no
-compiler run, only the linker step of MCJIT.
+Kernels are compiled for the selected target (target.py: this host, or GRAPHOPT_CPU's), at O3
+with loop and SLP vectorization; the runtime's own code for the architecture's baseline.
+Object code is what the disk cache keeps (see cache.py); loading it needs no compiler run,
+only the linker step of MCJIT, after linker.py has checked that every symbol resolves.
 """
 from __future__ import annotations
 
 import ctypes
 import functools
 import platform
-import threading
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
 import llvmlite
 import llvmlite.binding as llvm
 
-from . import cache
+from . import cache, linker
+from .target import Target, _lock, baseline, selected
 
 if TYPE_CHECKING:
     from llvmlite import ir  # modules come from codegen; a warm start never imports it
@@ -24,32 +25,25 @@ if TYPE_CHECKING:
 CODEGEN_VERSION = "2"  # bump when generated code changes for the same kernel text
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_void_p)
-_lock = threading.Lock()  # LLVM's global state is not thread-safe
 
 
 @functools.cache
-def _initialize() -> None:
-    llvm.initialize_native_target()
-    llvm.initialize_native_asmprinter()
-    llvm.initialize_native_asmparser()  # the sink's inline `pause`
+def target_machine(target: Target) -> llvm.TargetMachine:
+    """The target machine codegen uses for a target (each JIT engine has one of its own)."""
+    return target.machine()
+
+
+def target_parts(target: Target | None = None) -> dict[str, str]:
+    """The parts of a cache key that describe the machine and the compiler (the selected
+    target's, by default)."""
+    return {**(target or selected()).parts(), **_compiler_parts()}
 
 
 @functools.cache
-def target_machine() -> llvm.TargetMachine:
-    """The target machine codegen uses (each JIT engine has one of its own)."""
-    _initialize()
-    return _new_target_machine()
-
-
-@functools.cache
-def target_parts() -> dict[str, str]:
-    """The parts of a cache key that describe the machine and the compiler."""
-    _initialize()
-    triple, cpu, features = _host()
-    return {"triple": triple, "cpu": cpu, "features": features,
-            "llvm": ".".join(map(str, llvm.llvm_version_info)),
+def _compiler_parts() -> dict[str, str]:
+    return {"llvm": ".".join(map(str, llvm.llvm_version_info)),
             "llvmlite": llvmlite.__version__, "codegen": CODEGEN_VERSION,
-            "python": platform.python_implementation()}  # callers copy it into their parts
+            "python": platform.python_implementation()}
 
 
 @dataclass
@@ -58,76 +52,86 @@ class Compiled:
     object_code: bytes
 
 
-def optimize(module: ir.Module) -> llvm.ModuleRef:
-    tm = target_machine()
-    mod = llvm.parse_assembly(str(module))
+def _module_for(text: str, target: Target) -> llvm.ModuleRef:
+    tm = target_machine(target)
+    mod = llvm.parse_assembly(text)
     mod.triple = tm.triple
     mod.data_layout = str(tm.target_data)
     mod.verify()
+    return mod
+
+
+def optimize(module: ir.Module, target: Target | None = None) -> llvm.ModuleRef:
+    target = target or selected()
+    mod = _module_for(str(module), target)
     pto = llvm.create_pipeline_tuning_options(speed_level=3)
     pto.loop_vectorization = True
     pto.slp_vectorization = True
     pto.loop_unrolling = True
-    pb = llvm.create_pass_builder(tm, pto)
+    pb = llvm.create_pass_builder(target_machine(target), pto)
     pb.getModulePassManager().run(mod, pb)
     return mod
 
 
-def compile_module(module: ir.Module) -> Compiled:
+def compile_module(module: ir.Module, target: Target | None = None) -> Compiled:
+    """Object code for a target (the selected one by default; another machine's too, to be
+    compiled and never loaded)."""
+    target = target or selected()
     with _lock:
-        mod = optimize(module)
-        return Compiled(str(mod), target_machine().emit_object(mod))
+        mod = optimize(module, target)
+        return Compiled(str(mod), target_machine(target).emit_object(mod))
 
 
-def assembly(module: ir.Module) -> str:
+def assembly(module: ir.Module, target: Target | None = None) -> str:
+    target = target or selected()
     with _lock:
-        return target_machine().emit_assembly(optimize(module))
+        return target_machine(target).emit_assembly(optimize(module, target))
 
 
 _engines: list[llvm.ExecutionEngine] = []  # never disposed: their code may still be called
-_loaded: dict[str, int] = {}  # function name -> address, for the life of the process
+_loaded: dict[tuple[Target, str], int] = {}  # (target, function name) -> address, for life
 
 
-@functools.cache
-def _host() -> tuple[str, str, str]:
-    """The process's target triple, CPU name and CPU features (asked of LLVM once)."""
-    return (llvm.get_process_triple(), llvm.get_host_cpu_name(),
-            llvm.get_host_cpu_features().flatten())
+def load(object_code: bytes, names: tuple[str, ...], target: Target) -> list[int]:
+    """Link object code compiled for `target` into the process; the addresses of its
+    functions `names`.
 
-
-def _new_target_machine() -> llvm.TargetMachine:
-    triple, cpu, features = _host()
-    return llvm.Target.from_triple(triple).create_target_machine(
-        cpu=cpu, features=features, opt=3, reloc="pic", jit=True)
-
-
-def load(object_code: bytes, name: str, *also: str) -> KernelFn:
-    """Link object code into the process and return its function.
-
-    Each kernel gets an MCJIT engine of its own, kept for the life of the process: an engine
+    The code is linked only if every symbol it calls resolves (linker.check), so a missing
+    runtime function is an error here, not a jump to address 0 at the first call. Each
+    object gets an MCJIT engine of its own, kept for the life of the process: an engine
     owns its target machine, disposing one whose code may still run crashes, and linking
     several objects into one engine mis-linked them (seen with llvmlite 0.50: a kernel
-    loaded after one that calls libm computed wrong results). A kernel already loaded under
-    this name (names are hashes of what the code does) is reused. `also`: other functions of
-    the same object, found later with `function(name)`."""
+    loaded after one that calls libm computed wrong results). Code already loaded under
+    this name for this target (names are hashes of what the code does) is reused."""
     with _lock:
-        if name not in _loaded:
-            _initialize()
-            engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), _new_target_machine())
+        if (target, names[0]) not in _loaded:
+            linker.check(object_code, names[0])
+            engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target.machine())
             engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
             engine.finalize_object()
-            for symbol in (name, *also):
+            for symbol in names:
                 address = engine.get_function_address(symbol)
                 if not address:
                     raise RuntimeError(f"function {symbol} not found in its object code")
-                _loaded[symbol] = address
+                _loaded[target, symbol] = address
             _engines.append(engine)
-        return KernelFn(_loaded[name])
+        return [_loaded[target, symbol] for symbol in names]
 
 
-def function(name: str) -> KernelFn:
-    """A function loaded before (by `load`, as one of `also`)."""
-    return KernelFn(_loaded[name])
+def runtime_functions(text: str, names: tuple[str, ...], use_cache: bool = True) -> list[int]:
+    """Runtime code graphopt writes as LLVM IR text (the sink, the helpers of linker.py):
+    compiled for the architecture's baseline, so it runs on any CPU this process runs on,
+    whatever GRAPHOPT_CPU says; its object code is cached on disk like a kernel's."""
+    target = baseline()
+    parts = {"runtime": text.strip(), **target_parts(target)}
+    key = cache.make_key(parts)
+    obj = cache.load(key, parts) if use_cache else None
+    if obj is None:
+        with _lock:
+            obj = target_machine(target).emit_object(_module_for(text, target))
+        if use_cache:
+            cache.store(key, parts, obj)
+    return load(obj, names, target)
 
 
 # -- the step sink: a whole step of kernels in one native call per thread ----------------------
@@ -286,7 +290,7 @@ class Sink:
 def _sink_ir() -> str:
     # A spinning thread tells an x86 core so (`pause`: less power, and the core's other
     # hardware thread runs on); other targets spin without it.
-    x86 = _host()[0].split("-")[0] in ("x86_64", "i386", "i686")
+    x86 = baseline().is_x86
     return SINK_IR.replace("{pause}", 'call void asm sideeffect "pause", ""()' if x86 else "")
 
 
@@ -294,19 +298,6 @@ def _sink_ir() -> str:
 def sink(use_cache: bool = True) -> Sink:
     """The sink's functions, loaded once per process; its object code is cached on disk like a
     kernel's (compiling it costs ~10 ms, a tenth of a warm start)."""
-    text = _sink_ir()
-    parts = {"sink": text.strip(), **target_parts()}
-    key = cache.make_key(parts)
-    obj = cache.load(key, parts) if use_cache else None
-    if obj is None:
-        with _lock:
-            mod = llvm.parse_assembly(text)
-            mod.triple = target_machine().triple
-            mod.data_layout = str(target_machine().target_data)
-            mod.verify()
-            obj = target_machine().emit_object(mod)
-        if use_cache:
-            cache.store(key, parts, obj)
-    load(obj, SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME)
-    return Sink(SinkFn(_loaded[SINK_NAME]), WorkerFn(_loaded[WORKER_NAME]),
-                PublishFn(_loaded[PUBLISH_NAME]), WaitFn(_loaded[WAIT_NAME]))
+    run, worker, publish, wait = runtime_functions(
+        _sink_ir(), (SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME), use_cache)
+    return Sink(SinkFn(run), WorkerFn(worker), PublishFn(publish), WaitFn(wait))

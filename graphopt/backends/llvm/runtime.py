@@ -30,6 +30,8 @@ from ...ir.graph import Graph, Node, Value
 from ...ir.registry import ELEMENTWISE, LINALG, REDUCTION, SHAPE, evaluate
 from . import cache, engine, sinkpool
 from .abi import KernelABI, canonical_text, flags, plan
+from .engine import KernelFn
+from .target import Target, selected
 
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, a second thread costs more than it saves
 _pool: ThreadPoolExecutor | None = None
@@ -69,7 +71,9 @@ class NativeKernel:
     compile_seconds: float
     cache_hit: bool
     optimized_ir: str  # empty when the object code came from the cache
+    target: Target
     fn: object = field(repr=False)  # the native function
+    finish_fn: object = field(repr=False)  # its finisher (kernels with reductions), or None
     calls: int = 0
     _module: object = field(default=None, repr=False)
 
@@ -90,11 +94,11 @@ class NativeKernel:
         return self.abi.name
 
     def asm(self) -> str:
-        return engine.assembly(self.module)
+        return engine.assembly(self.module, self.target)
 
     def optimized(self) -> str:
         """The optimised LLVM IR (made again when the object code came from the cache)."""
-        return self.optimized_ir or str(engine.optimize(self.module))
+        return self.optimized_ir or str(engine.optimize(self.module, self.target))
 
     def splits(self) -> list[tuple[int, int]]:
         """Unit ranges, one per thread; reductions split only at block edges."""
@@ -139,7 +143,6 @@ class NativeKernel:
                          if kind != "map"]
         n = len(node.inputs) + len(self._maps) + len(self._reduced)
         self._args = (ctypes.c_void_p * max(1, n))()  # the pointer table, reused every call
-        self.finish_fn = engine.function(self.abi.finisher) if self.abi.finisher else None
         # An array's buffer never moves while the array lives (numpy refuses to resize an
         # array something else references, and `_seen` does), so a pointer is taken only
         # when an operand is a different array than last time: parameter buffers never are,
@@ -219,10 +222,10 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
     """Load the kernel's object code from the cache, or generate and compile it (and cache
     it). A cache hit needs only the kernel's plan: no LLVM IR is built."""
     start = time.perf_counter()
+    target = selected()  # TargetError, before anything is compiled, if this host cannot run it
     text = canonical_text(node)
     abi = plan(node, fastmath, text)
-    parts = {"kernel": text, "flags": flags(fastmath),
-             **engine.target_parts()}
+    parts = {"kernel": text, "flags": flags(fastmath), **engine.target_parts(target)}
     key = cache.make_key(parts)
     obj = cache.load(key, parts) if use_cache and cache.enabled() else None
     hit = obj is not None
@@ -230,13 +233,15 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
     if obj is None:
         from .codegen import generate  # the IR builder: loaded on a cache miss only
         module, abi = generate(node, fastmath)
-        compiled = engine.compile_module(module)
+        compiled = engine.compile_module(module, target)
         obj, optimized = compiled.object_code, compiled.optimized_ir
         if use_cache and cache.enabled():
             cache.store(key, parts, obj)
-    fn = engine.load(obj, abi.name, *([abi.finisher] if abi.finisher else []))
+    fns = [KernelFn(a) for a in engine.load(obj, (abi.name, *filter(None, [abi.finisher])),
+                                            target)]
     return NativeKernel(node, abi, fastmath, key, parts, time.perf_counter() - start, hit,
-                        optimized, fn, _module=module)
+                        optimized, target, fns[0], fns[1] if abi.finisher else None,
+                        _module=module)
 
 
 class LLVMProgram:
