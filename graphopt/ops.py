@@ -2,7 +2,8 @@
 
 Each function binds one registered op (see graphopt/ir/opdefs.py): inside a trace it adds a
 node, in eager mode it computes the result with numpy. Operands may be tensors, Parameters,
-numpy arrays or Python scalars; Python scalars take the dtype of the tensor they meet.
+numpy arrays or Python scalars. Python scalars are weakly typed: they, and what an op computes
+from them only, take the dtype of the tensor they meet (docs/ir.md, "Python scalars").
 """
 from __future__ import annotations
 
@@ -21,6 +22,7 @@ __all__ = [
     "sin", "cos",
     "abs", "sign", "maximum", "minimum", "where", "isfinite", "less", "less_equal", "greater",
     "greater_equal", "equal", "not_equal", "logical_and", "logical_or", "logical_not", "cast",
+    "asarray",
     "sum", "max", "mean", "reshape", "broadcast_to", "transpose", "matmul", "full", "zeros",
     "ones", "full_like", "zeros_like", "ones_like", "depend", "assign",
     "relu", "tanh", "sigmoid", "softplus", "gelu", "stop_gradient", "log_softmax", "softmax",
@@ -86,6 +88,13 @@ def where(cond: Any, x: Any, y: Any) -> Tensor:
 def cast(x: Any, dtype: Any) -> Tensor:
     """x converted to dtype (also `x.astype(dtype)`)."""
     return bind("cast", [x], {"dtype": to_dtype(dtype)})
+
+
+def asarray(x: Any, dtype: Any = None) -> Tensor:
+    """x as a strongly typed tensor of `dtype` (by default its own: a Python float is f64): a
+    Python scalar, or a value made from Python scalars only, then no longer takes the dtype
+    of the tensors it meets."""
+    return cast(x, _dtype(x) if dtype is None else dtype)
 
 
 def _shape(x: Any) -> tuple[int, ...]:

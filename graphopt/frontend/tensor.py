@@ -104,7 +104,7 @@ class TracedTensor(Tensor):
     def __init__(self, value: Value, trace: Trace, weak: bool = False):
         self.value = value
         self.trace = trace
-        self.weak = weak  # a Python scalar argument: takes the dtype of what it meets
+        self.weak = weak  # made from Python scalars only: takes the dtype of what it meets
 
     @property
     def type(self) -> TensorType:  # type: ignore[override]
@@ -128,12 +128,14 @@ class TracedTensor(Tensor):
 
 
 class EagerTensor(Tensor):
-    """The result of an op in eager mode: a numpy array with graphopt's operators."""
+    """The result of an op in eager mode: a numpy array with graphopt's operators. `weak`: the
+    op's inputs were Python scalars or weak tensors only (see docs/ir.md, "Python scalars")."""
 
-    __slots__ = ("array",)
+    __slots__ = ("array", "weak")
 
-    def __init__(self, array: np.ndarray):
+    def __init__(self, array: np.ndarray, weak: bool = False):
         self.array = array
+        self.weak = weak
 
     @property
     def type(self) -> TensorType:  # type: ignore[override]

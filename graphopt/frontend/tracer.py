@@ -1,8 +1,9 @@
 """The tracer: runs a Python step function on TracedTensors and records a Graph.
 
 Every op goes through `bind`, in trace and in eager mode alike: it resolves weakly typed
-Python scalars, checks the op's type rule (errors carry the user's file:line), then either
-appends a node to the trace or computes the result with the op's numpy semantics.
+values (Python scalars, and what ops make of them only: see docs/ir.md), checks the op's type
+rule (errors carry the user's file:line), then either appends a node to the trace or computes
+the result with the op's numpy semantics.
 
 Parameters are read as `@name`; `assign` records the newest value of a parameter, and at the
 end of the trace one `assign` per parameter is emitted, ordered after every node that read the
@@ -23,9 +24,8 @@ from ..errors import AssignError, GraphoptError, OpTypeError, ParameterError, Si
 from ..ir.analysis import producers, toposort, unordered_readers
 from ..ir.graph import Graph, Location, Value
 from ..ir.opdefs import constant_value
-from ..ir.registry import ELEMENTWISE, OpDef, evaluate, get_op
-from ..ir.types import (DTYPES, DType, TensorType, bool_, f32, f64, i64, to_dtype,
-                        type_of_array)
+from ..ir.registry import OpDef, evaluate, get_op
+from ..ir.types import DTYPES, DType, TensorType, bool_, f64, i64, to_dtype, type_of_array
 from . import pytree
 from .parameter import Parameter
 from .tensor import EagerTensor, Tensor, TracedTensor
@@ -146,10 +146,12 @@ class Trace:
 
 
 # -- binding ops --------------------------------------------------------------------------------
-_DEFAULT = {bool: bool_, int: i64, float: f32}
-# A Python scalar *argument* keeps its full precision until it meets a tensor, where a cast
-# rounds it once: lr=1e-3 in an f64 step is exactly 1e-3, not the nearest f32.
-_ARG_DEFAULT = {bool: bool_, int: i64, float: f64}
+# The dtype of a weakly typed value: a Python scalar, or what ops compute from such values only.
+# It keeps full precision until it meets a strongly typed tensor, where a cast rounds it once:
+# lr=1e-3 or sqrt(2.0) in an f64 step is exact, not the nearest f32 (JAX with x64 enabled).
+_WEAK_DTYPE = {bool: bool_, int: i64, float: f64}
+_KIND = {"bool": bool, "int": int, "float": float}
+_KIND_ORDER = (bool, int, float)  # weak meets weak: the later kind wins (True + 1 + 0.5 is float)
 
 
 def _py_kind(x: Any) -> type | None:
@@ -163,7 +165,7 @@ def _py_kind(x: Any) -> type | None:
 
 
 def _fits(kind: type, d: DType) -> bool:
-    """Whether a weak Python scalar of `kind` may take dtype d (never float into an int)."""
+    """Whether a weak value of `kind` may take dtype d (never float into an int)."""
     return kind is bool or (kind is int and d.kind != "bool") or d.is_float
 
 
@@ -175,6 +177,16 @@ class _Operand:
 
     def __init__(self, payload: Any, type: TensorType | None, weak: bool):
         self.payload, self.type, self.weak = payload, type, weak
+
+    def kind(self) -> type:
+        """bool, int or float: what promotion sees of a weak operand."""
+        return _py_kind(self.payload) if self.type is None else _KIND[self.type.dtype.kind]
+
+    def describe(self) -> str:
+        """How an error names a weak operand."""
+        kind = self.kind().__name__
+        return f"a Python {kind}" if self.type is None else \
+            f"a weakly typed value (a Python {kind}, or computed from Python scalars only)"
 
 
 def _operand(x: Any, trace: Trace | None) -> _Operand:
@@ -192,7 +204,9 @@ def _operand(x: Any, trace: Trace | None) -> _Operand:
         v = trace.read_param(x)  # in a map trace: one element of it
         return _Operand(v, v.type, False)
     if isinstance(x, EagerTensor):
-        x = x.array
+        o = _operand(x.array, trace)
+        o.weak = x.weak
+        return o
     if _py_kind(x) is not None:
         return _Operand(x, None, True)
     if isinstance(x, (np.ndarray, np.generic)):
@@ -204,41 +218,52 @@ def _operand(x: Any, trace: Trace | None) -> _Operand:
     raise OpTypeError(f"cannot use a {type(x).__name__} as a tensor operand", loc=user_location())
 
 
-def _resolve_weak(opname: str, operands: list[_Operand], loc: Location | None) -> None:
-    """Give each weak operand a dtype: the dtype of the strong operands it meets (JAX's rule)."""
-    group = range(1, 3) if opname == "where" else range(len(operands))  # where's cond is apart
-    strong = [operands[i].type.dtype for i in group if not operands[i].weak]
-    typed_weak = [operands[i].type.dtype for i in group if operands[i].type is not None]
-    kinds = [_py_kind(operands[i].payload) for i in group if operands[i].type is None]
-    if strong:
-        target = strong[0]
-    elif typed_weak:
-        target = typed_weak[0]
-    else:
-        target = f32 if float in kinds else i64 if int in kinds else bool_
+def _resolve_weak(op: OpDef, operands: list[_Operand], loc: Location | None) -> bool:
+    """Give each weak operand a dtype, by JAX's rule within the op's dtype group (an operand
+    outside it, like where's condition, on its own), and say whether the result is weak: when
+    the whole group is and the op does not fix the result's dtype (comparisons, cast)."""
+    if not any(o.weak for o in operands):  # the common case, quickly
+        return False
+    group = range(len(operands)) if op.dtype_group is None else op.dtype_group
+    _promote(op.name, [operands[i] for i in group], loc)
     for i, o in enumerate(operands):
-        if not o.weak:
-            continue
-        d = target if i in group else None
-        kind = _py_kind(o.payload) if o.type is None else {"float": float, "int": int,
-                                                           "bool": bool}[o.type.dtype.kind]
-        if d is None:
-            d = o.type.dtype if o.type is not None else _DEFAULT[kind]
-        if not _fits(kind, d):
-            raise OpTypeError(f"{opname}: a Python {kind.__name__} cannot take the dtype {d} "
-                              f"of the tensor it meets; cast explicitly with .astype(...)",
-                              loc=loc)
-        if o.type is None:
-            o.type = TensorType((), d)
-        elif o.type.dtype != d:
-            o.payload = _cast(o, d, loc)
-            o.type = TensorType(o.type.shape, d)
+        if i not in group:
+            _promote(op.name, [o], loc)
+    return bool(group) and not op.fixed_dtype and all(operands[i].weak for i in group)
 
 
-def _cast(o: _Operand, d: DType, loc: Location | None) -> Any:
+def _promote(opname: str, members: list[_Operand], loc: Location | None) -> None:
+    """The weak members take the dtype of the strong ones (the type rule checks that those
+    agree), or, when all are weak, the weak dtype of the highest kind among them."""
+    weak = [o for o in members if o.weak]
+    if not weak:
+        return
+    strong = [o.type.dtype for o in members if not o.weak]
+    target = strong[0] if strong else \
+        _WEAK_DTYPE[max((o.kind() for o in weak), key=_KIND_ORDER.index)]
+    for o in weak:
+        if not _fits(o.kind(), target):
+            raise OpTypeError(f"{opname}: {o.describe()} cannot take the dtype {target} of the "
+                              f"tensor it meets; cast explicitly with .astype(...)", loc=loc)
+        _take_dtype(o, target, loc)
+
+
+def _take_dtype(o: _Operand, d: DType, loc: Location | None) -> None:
+    """A weak operand gets dtype d: a Python scalar as its type, a weak tensor by a cast."""
+    if o.type is None:
+        o.type = TensorType((), d)
+    elif o.type.dtype != d:
+        _convert(o, "cast", {"dtype": d}, TensorType(o.type.shape, d), loc)
+
+
+def _convert(o: _Operand, opname: str, attrs: dict[str, Any], t: TensorType,
+             loc: Location | None) -> None:
+    """Apply a cast or broadcast_to to an operand: a node in a trace, computed now in eager."""
     if isinstance(o.payload, Value):
-        return current_trace().graph.add_node("cast", [o.payload], {"dtype": d}, loc=loc).out
-    return np.asarray(o.payload).astype(d.np_dtype)
+        o.payload = current_trace().graph.add_node(opname, [o.payload], attrs, loc=loc).out
+    else:
+        o.payload = evaluate(get_op(opname), [np.asarray(o.payload)], attrs, [t])[0]
+    o.type = t
 
 
 def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = None) -> Tensor:
@@ -250,8 +275,7 @@ def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = No
     if trace is not None:
         trace.check_op(op, loc)
     ops_in = [_operand(x, trace) for x in operands]
-    weak_result = op.category == ELEMENTWISE and bool(ops_in) and all(o.weak for o in ops_in)
-    _resolve_weak(opname, ops_in, loc)
+    weak_result = _resolve_weak(op, ops_in, loc)
     types = [o.type for o in ops_in]
     try:
         out_types = op.infer(types, attrs)
@@ -267,7 +291,7 @@ def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = No
         out = evaluate(op, arrays, attrs, out_types)[0]
     # A shape op returns a view; of a Parameter's buffer, a later eager assign would change it,
     # where the traced step keeps the value it read.
-    return EagerTensor(out if out.flags.owndata else out.copy())
+    return EagerTensor(out if out.flags.owndata else out.copy(), weak_result)
 
 
 def _constant(trace: Trace, x: Any, t: TensorType, loc: Location | None) -> Value:
@@ -285,14 +309,16 @@ def assign(param: Parameter, value: Any) -> None:
     trace = current_trace()
     want = trace.param_type(param) if trace is not None else param.type
     o = _operand(value, trace)
-    if o.weak and o.type is None:  # a Python scalar fills the parameter
-        kind = _py_kind(o.payload)
-        if not _fits(kind, param.dtype):
-            raise AssignError(f"assign to {param.name}: a Python {kind.__name__} cannot be "
-                              f"stored in a {param.dtype} parameter", loc=loc)
-        o.type = want
-    elif o.weak and o.type.dtype != param.dtype and o.type.shape == want.shape:
-        o.payload, o.type = _cast(o, param.dtype, loc), want
+    if o.weak:  # a weak value takes the parameter's dtype where its kind allows; a scalar fills it
+        if not _fits(o.kind(), param.dtype):
+            raise AssignError(f"assign to {param.name}: {o.describe()} cannot be stored in a "
+                              f"{param.dtype} parameter", loc=loc)
+        if o.type is None:
+            o.type = want
+        elif o.type.shape in ((), want.shape):
+            _take_dtype(o, param.dtype, loc)
+            if o.type != want:
+                _convert(o, "broadcast_to", {"shape": want.shape}, want, loc)
     if o.type != want:
         raise AssignError(f"assign to {param.name}: the value is {o.type} but the parameter is "
                           f"{want}", loc=loc)
@@ -313,7 +339,7 @@ def depend(x: Any, *after: Any) -> Tensor:
     loc = user_location()
     o = _operand(x, trace)
     if o.type is None:
-        o.type = TensorType((), _DEFAULT[_py_kind(o.payload)])
+        o.type = TensorType((), _WEAK_DTYPE[o.kind()])
     v = o.payload if isinstance(o.payload, Value) else _constant(trace, o.payload, o.type, loc)
     edges = [_operand(a, trace).payload for a in after]
     if not all(isinstance(e, Value) for e in edges):
@@ -365,6 +391,8 @@ def leaf_spec(x: Any, path: str) -> tuple:
     if isinstance(x, Parameter):
         return ("param", id(x))
     if isinstance(x, EagerTensor):
+        if x.weak:  # made eagerly from Python scalars: weak in the trace too
+            return ("weak", x.shape, x.dtype.name)
         x = x.array
     kind = _py_kind(x)
     if kind is not None:
@@ -404,9 +432,9 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
             arg_name += "_"
         used.add(arg_name)
         if spec[0] == "scalar":
-            t, weak = TensorType((), _ARG_DEFAULT[_py_kind(leaf)]), True
+            t, weak = TensorType((), _WEAK_DTYPE[_py_kind(leaf)]), True
         else:
-            t, weak = TensorType(spec[1], DTYPES[spec[2]]), False
+            t, weak = TensorType(spec[1], DTYPES[spec[2]]), spec[0] == "weak"
         proxies.append(TracedTensor(trace.graph.add_input("arg", arg_name, t), trace, weak))
         kinds.append("arg")
     call_args = pytree.unflatten(in_tree, proxies)
@@ -418,7 +446,7 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
         for leaf, path in zip(out_leaves, out_paths):
             o = _operand(leaf, trace)
             if o.type is None:
-                o.type = TensorType((), _DEFAULT[_py_kind(o.payload)])
+                o.type = TensorType((), _WEAK_DTYPE[o.kind()])
             outputs.append(o.payload if isinstance(o.payload, Value) else
                            _constant(trace, o.payload, o.type, None))
     finally:

@@ -2,7 +2,8 @@
 registry.py).
 
 Type rules are strict, as in MLIR: the inputs of an elementwise op share one dtype (the
-frontend casts weakly typed Python scalars first) and their shapes broadcast as in numpy.
+frontend casts weakly typed Python scalars first, see docs/ir.md "Python scalars") and their
+shapes broadcast as in numpy.
 
 A VJP rule gets the output's cotangent `ct`, the output and the inputs as tensors and builds
 the gradient for one input out of graphopt.ops calls, so the backward pass is made of
@@ -70,7 +71,8 @@ def _elementwise(name: str, n: int, impl: Callable[..., Any], kinds: tuple[str, 
         ts = _tensors(name, types, n)
         d = _one_dtype(name, ts, kinds)
         return [TensorType(_broadcast(name, ts), result or d)]
-    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc, vjp=vjp, lower=lower))
+    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc, vjp=vjp, lower=lower,
+                          fixed_dtype=result is not None))
 
 
 # -- what VJP rules share -----------------------------------------------------------------------
@@ -152,7 +154,7 @@ def _where_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 
 register(OpDef("where", ELEMENTWISE, _where_infer, np.where,
                lower=lambda e, c, x, y: e.select(c, x, y),
-               doc="where(cond, x, y): x where cond is true, else y",
+               doc="where(cond, x, y): x where cond is true, else y", dtype_group=(1, 2),
                vjp=(None, lambda ct, out, c, x, y: ops.where(c, ct, 0),
                     lambda ct, out, c, x, y: ops.where(c, 0, ct))))
 
@@ -165,6 +167,7 @@ def _cast_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 register(OpDef("cast", ELEMENTWISE, _cast_infer,
                lambda x, dtype: x.astype(to_dtype(dtype).np_dtype), attrs=("dtype",),
                doc="convert to dtype (floats to ints truncate toward zero, like numpy)",
+               fixed_dtype=True,
                lower=lambda e, x, dtype: e.cast(x, e.in_dtypes[0], to_dtype(dtype)),
                # Only float-to-float casts carry a gradient: autodiff stops at integers.
                vjp=(lambda ct, out, x, dtype: ops.cast(ct, x.dtype),)))
@@ -345,6 +348,7 @@ def _constant_impl(value: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray
 
 register(OpDef("constant", CONSTANT, _constant_infer, _constant_impl,
                attrs=("value", "shape", "dtype"), type_attrs=("shape", "dtype"),
+               fixed_dtype=True,
                doc="a scalar value filled over the shape, or an array of exactly the shape"))
 
 
@@ -455,7 +459,7 @@ def _cross_entropy_vjp(ct: Any, out: Any, logits: Any, labels: Any) -> Any:
 
 register(OpDef("softmax_cross_entropy", NN, _cross_entropy_infer, _cross_entropy,
                doc="mean over the examples of -log softmax(logits)[label]; labels are class "
-                   "indices in [0, classes), logits [..., classes]",
+                   "indices in [0, classes), logits [..., classes]", dtype_group=(0,),
                vjp=(_cross_entropy_vjp, None)))
 
 
@@ -504,8 +508,10 @@ def _scatter_add(x: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.
 
 register(OpDef("gather", INDEX, _gather_infer, lambda table, idx: np.take(table, idx, axis=0),
                doc="table[indices]: rows of the table (an embedding lookup), numpy.take axis 0",
+               dtype_group=(0,),
                vjp=(lambda ct, out, table, idx: ops.scatter_add(ops.zeros_like(table), idx, ct),
                     None)))
 register(OpDef("scatter_add", INDEX, _scatter_add_infer, _scatter_add,
                doc="x with updates added at rows indices; repeated rows accumulate",
+               dtype_group=(0, 2),
                vjp=(_identity_vjp, None, lambda ct, out, x, idx, upd: ops.gather(ct, idx))))

@@ -55,7 +55,11 @@ class OpDef:
     # result from the primitives of an Emitter (e.add, e.sqrt, e.select, ...); None: the op
     # is not compiled, and a kernel holding it runs through numpy.
     lower: Callable[..., Any] | None = None
-
+    # Type promotion (the frontend's weak types, frontend/tracer.py): the inputs whose dtypes
+    # the type rule requires to agree (None: all of them), and whether the op fixes its
+    # result's dtype itself (a comparison's bool, a cast's attribute) instead of taking theirs.
+    dtype_group: tuple[int, ...] | None = None
+    fixed_dtype: bool = False
 
 
 REGISTRY: dict[str, OpDef] = {}
