@@ -122,7 +122,9 @@ class Optimizer:
         bf16 halves the bytes a step moves; the update is still computed in f32 and each
         state is rounded to nearest-even when it is stored.
     master_weights: for f16/bf16 parameters, keep an f32 master copy (`<name>.master`),
-        compute the update in f32 on it and write the parameter back rounded.
+        compute the update in f32 on it and write the parameter back rounded. Where the
+        parameter was written by something else since (it no longer holds the master's
+        rounding), the step re-seeds the master from it (see `read`).
     """
 
     options: ClassVar[dict[str, Option]] = {}
@@ -248,8 +250,18 @@ class Optimizer:
 
     # -- reading and writing parameters and state (for `update`) ---------------------------
     def read(self, slot: Slot) -> Tensor:
-        """The parameter's value in its compute dtype (its f32 master copy, if it has one)."""
-        return slot.master if slot.master is not None else slot.param
+        """The parameter's value in its compute dtype: its f32 master copy, if it has one and
+        the parameter still holds the master's rounding, else the parameter itself.
+
+        The parameter is the source of truth; the master only adds the bits its dtype
+        rounds away. Where something other than this optimizer wrote the parameter (an
+        `assign` in another step, a checkpoint of the weights alone), the parameter no longer
+        equals round(master), and the master is re-seeded from it: `where` per element, in
+        the update's kernel (2 bytes more read per element), never a lost write."""
+        master, p = slot.master, slot.param
+        if master is None:
+            return p
+        return ops.where(as_dtype(master, p.dtype) == p, master, as_dtype(p, master.dtype))
 
     def write(self, slot: Slot, value: Tensor) -> None:
         """Store the new parameter value (and the master copy, which keeps it unrounded)."""
