@@ -286,3 +286,20 @@ def test_every_kernel_compiles_for_other_machines(triple, cpu, magic):
                 llvm.address_of_symbol(symbol), (triple, abi.name, symbol)
         text = engine.assembly(module, target)
         assert abi.name in text
+
+
+def test_the_first_kernel_of_a_process_may_call_the_c_library():
+    """The process's own symbols are searched from the first check on, not only once an
+    engine exists: a fresh process whose first kernel calls expf and powf compiles it."""
+    script = textwrap.dedent("""
+        import numpy as np, graphopt as go
+        fn = go.jit(lambda x: go.ops.exp(x) + x ** 1.5, backend="llvm", cache=False)
+        x = np.linspace(0, 1, 32, dtype=np.float32)
+        program = fn.lower(x).program
+        print("FALLBACKS", len(program.fallbacks), len(program.kernels))
+        print("OK" if np.allclose(fn(x), np.exp(x) + x ** 1.5, rtol=1e-6) else "WRONG")
+    """)
+    r = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True,
+                       timeout=120)
+    assert r.returncode == 0, r.stderr
+    assert "FALLBACKS 0 1" in r.stdout and "OK" in r.stdout, r.stdout

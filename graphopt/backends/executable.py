@@ -16,7 +16,8 @@ from ..frontend.tensor import EagerTensor
 from ..frontend.tracer import Traced, bind_arguments
 from ..ir.graph import Graph
 from ..ir.types import TensorType
-from . import get_backend
+from . import exclusion, get_backend
+from .exclusion import InterruptsDeferred
 
 
 class Executable:
@@ -45,6 +46,7 @@ class Executable:
         self.takes_only_arguments = all(k == "arg" for k in self._leaf_kinds) and \
             len(self._args) == len(self._leaf_kinds)
         self._param_buffers = dict(self._param_arrays())
+        self._domain = exclusion.domain_of([self, *(p for _, p in self.param_inputs)])
         self.last_step_seconds: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
@@ -74,11 +76,16 @@ class Executable:
             else:
                 inputs[v] = _checked_array(leaf, v.type, path, v in self._native)
         start = time.perf_counter()
-        outputs, updates = self.program.run(inputs)
-        # Results are copies, taken before the commit: an output may be a view of a parameter
-        # buffer (`p.T` read before `assign(p, ...)`) or of an argument.
-        results = [np.array(o) for o in outputs]
-        self._commit(updates)
+        domain = self._domain.acquire()  # calls touching the same parameters take turns
+        try:
+            with InterruptsDeferred():  # a Ctrl-C waits for the step to be whole (or undone)
+                outputs, updates = self.program.run(inputs)
+                # Results are copies, taken before the commit: an output may be a view of a
+                # parameter buffer (`p.T` read before `assign(p, ...)`) or of an argument.
+                results = [np.array(o) for o in outputs]
+                self._commit(updates)
+        finally:
+            domain.lock.release()
         self.last_step_seconds = time.perf_counter() - start
         return pytree.unflatten(self._out_tree, results)
 

@@ -153,11 +153,8 @@ def hypermap(rule: Callable[[], Any], instances: list[dict[Hashable, Any]]) -> N
     first = instances[0]
     roles = {id(obj): role for role, obj in first.items()}
     mt = MapTrace(parent, roles)
-    tracer._TRACES.append(mt)
-    try:
+    with tracer.tracing(mt):
         rule()
-    finally:
-        tracer._TRACES.pop()
     body = mt.graph
     body.effects = [body.add_node("store", [mt.by_key[("role", (role,))], value], loc=loc).out
                     for role, (value, loc) in mt.stores.items()]

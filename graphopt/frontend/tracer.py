@@ -11,12 +11,14 @@ parameter's old value (the write-after-read edges).
 """
 from __future__ import annotations
 
+import contextlib
 import functools
 import inspect
 import os
 import sys
+import threading
 from dataclasses import dataclass
-from typing import Any, Callable, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
@@ -35,11 +37,30 @@ _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # user's line (graphopt.optim counts as user code: its lines are the update rules).
 _INTERNAL = tuple(os.path.join(_PKG, d) for d in ("frontend", "ir", "backends", "ops.py"))
 
-_TRACES: list[Trace] = []
+class _Traces(threading.local):
+    """The traces under way, innermost last: one stack per thread, so a step traced on one
+    thread never sees another thread's trace (which would inline a compiled step into it)."""
+
+    def __init__(self) -> None:
+        self.stack: list[Trace] = []
+
+
+_TRACES = _Traces()
 
 
 def current_trace() -> Trace | None:
-    return _TRACES[-1] if _TRACES else None
+    stack = _TRACES.stack
+    return stack[-1] if stack else None
+
+
+@contextlib.contextmanager
+def tracing(trace: Trace) -> Iterator[None]:
+    """`trace` is the current trace within the block (on this thread)."""
+    _TRACES.stack.append(trace)
+    try:
+        yield
+    finally:
+        _TRACES.stack.pop()
 
 
 def user_location() -> Location | None:
@@ -438,8 +459,7 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
         proxies.append(TracedTensor(trace.graph.add_input("arg", arg_name, t), trace, weak))
         kinds.append("arg")
     call_args = pytree.unflatten(in_tree, proxies)
-    _TRACES.append(trace)
-    try:
+    with tracing(trace):
         result = fn(**call_args) if _binds_by_name(fn) else fn(*call_args.values())
         out_leaves, out_paths, out_tree = pytree.flatten(result)
         outputs = []
@@ -449,8 +469,6 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
                 o.type = TensorType((), _WEAK_DTYPE[o.kind()])
             outputs.append(o.payload if isinstance(o.payload, Value) else
                            _constant(trace, o.payload, o.type, None))
-    finally:
-        _TRACES.pop()
     graph = trace.finish(outputs)
     return Traced(graph, in_tree, out_tree, kinds, dict(trace.params))
 

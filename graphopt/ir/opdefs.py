@@ -183,11 +183,16 @@ def _check_axes(op: str, axes: Any, ndim: int) -> tuple[int, ...]:
 
 
 def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...],
-               vjp: VjpRule) -> OpDef:
+               vjp: VjpRule, identity: bool = True) -> OpDef:
+    """`identity`: whether the reduction of no elements is defined (a sum's 0, a mean's NaN
+    as numpy gives it); a max of none is an error, at trace time, in every mode."""
     def infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         (x,) = _tensors(name, types, 1)
         _one_dtype(name, [x], kinds)
         axes = _check_axes(name, attrs["axes"], x.ndim)
+        if not identity and any(x.shape[a] == 0 for a in axes):
+            raise OpTypeError(f"{name} over an empty axis of {x}: a {name} of no elements "
+                              f"is undefined")
         if attrs["keepdims"]:
             shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
         else:
@@ -224,7 +229,7 @@ def _max_vjp(ct: Any, out: Any, x: Any, axes: tuple[int, ...], keepdims: bool) -
 
 
 _reduction("sum", np.sum, NUM, lambda ct, out, x, axes, keepdims: _unreduce(ct, x, axes))
-_reduction("max", np.max, NUM, _max_vjp)
+_reduction("max", np.max, NUM, _max_vjp, identity=False)
 _reduction("mean", np.mean, FLOAT, lambda ct, out, x, axes, keepdims:
            _unreduce(ct, x, axes) / int(np.prod([x.shape[a] for a in axes])))
 

@@ -12,6 +12,7 @@ import math
 from dataclasses import dataclass
 from typing import NamedTuple
 
+from ...errors import LoweringError
 from ...ir.graph import Node
 from ...ir.kernel import columns, instance_rows, layout
 from ...ir.printer import format_graph
@@ -89,6 +90,18 @@ def collapse(space: tuple[int, ...], shapes: list[tuple[int, ...]]) -> tuple[tup
     return tuple(dims), [tuple(s) for s in strides]
 
 
+def _column_stride(column: list, spaces: list[tuple[int, ...]]) -> tuple[int]:
+    """An operand of a multi-tensor kernel streams in every instance or is a scalar in every
+    one: one code path serves them all (an instance of one element is either)."""
+    kinds = {v.type.shape == space for v, space in zip(column, spaces) if math.prod(space) != 1}
+    if len(kinds) > 1 or any(math.prod(v.type.shape) != 1 and v.type.shape != space
+                             for v, space in zip(column, spaces)):
+        raise LoweringError(f"a multi-tensor kernel's operand that streams in some instances "
+                            f"and broadcasts in others ({[str(v.type) for v in column]} over "
+                            f"{spaces}) has no one code path")
+    return (1,) if kinds == {True} else (0,)
+
+
 def flags(fastmath: bool) -> str:
     return f"fastmath={fastmath}"
 
@@ -102,7 +115,7 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None) -> KernelA
     instances = []
     if lay.instances > 1:  # hfuse: every operand streams or is a scalar; one flat loop each
         spaces = [tuple(space) for space in node.attrs["spaces"]]
-        streams = [[(1,) if v.type.shape == space else (0,) for v, space in zip(column, spaces)]
+        streams = [[_column_stride(column, spaces)] * lay.instances
                    for column in columns(node, lay)] + [[(1,)] * lay.instances] * n_maps
         unit_offset = block_offset = 0
         for space, strides in zip(spaces, zip(*streams)):

@@ -10,19 +10,21 @@ from __future__ import annotations
 import ctypes
 import functools
 import platform
+import warnings
 from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Callable
 
 import llvmlite
 import llvmlite.binding as llvm
 
+from ...errors import LoweringError
 from . import cache, linker
 from .target import Target, _lock, baseline, selected
 
 if TYPE_CHECKING:
     from llvmlite import ir  # modules come from codegen; a warm start never imports it
 
-CODEGEN_VERSION = "2"  # bump when generated code changes for the same kernel text
+CODEGEN_VERSION = "3"  # bump when generated code changes for the same kernel text
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_void_p)
 
@@ -105,17 +107,35 @@ def load(object_code: bytes, names: tuple[str, ...], target: Target) -> list[int
     this name for this target (names are hashes of what the code does) is reused."""
     with _lock:
         if (target, names[0]) not in _loaded:
-            linker.check(object_code, names[0])
+            linker.check(object_code, names)
             engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target.machine())
             engine.add_object_file(llvm.ObjectFileRef.from_data(object_code))
             engine.finalize_object()
-            for symbol in names:
-                address = engine.get_function_address(symbol)
-                if not address:
-                    raise RuntimeError(f"function {symbol} not found in its object code")
-                _loaded[target, symbol] = address
+            for symbol in names:  # (linker.check found each one defined)
+                _loaded[target, symbol] = engine.get_function_address(symbol)
             _engines.append(engine)
         return [_loaded[target, symbol] for symbol in names]
+
+
+def load_cached(key: str, parts: dict[str, str], names: tuple[str, ...], target: Target,
+                build: Callable[[], bytes], use_cache: bool) -> tuple[list[int], bool]:
+    """The addresses of the functions `names` of the object code cached under these parts,
+    or of what `build` compiles (then cached); and whether it came from the cache. A cached
+    entry that fails the checks before linking (linker.check: not object code, another
+    kernel's, a symbol that does not resolve) is a corrupt entry: warned of, compiled again
+    and replaced."""
+    use_cache = use_cache and cache.enabled()
+    obj = cache.load(key, parts) if use_cache else None
+    if obj is not None:
+        try:
+            return load(obj, names, target), True
+        except LoweringError as e:
+            warnings.warn(f"graphopt cache: entry {key[:16]} cannot be linked ({e.message}); "
+                          f"compiling it again", cache.CacheWarning, stacklevel=2)
+    obj = build()
+    if use_cache:
+        cache.store(key, parts, obj)
+    return load(obj, names, target), False
 
 
 def runtime_functions(text: str, names: tuple[str, ...], use_cache: bool = True) -> list[int]:
@@ -123,15 +143,12 @@ def runtime_functions(text: str, names: tuple[str, ...], use_cache: bool = True)
     compiled for the architecture's baseline, so it runs on any CPU this process runs on,
     whatever GRAPHOPT_CPU says; its object code is cached on disk like a kernel's."""
     target = baseline()
-    parts = {"runtime": text.strip(), **target_parts(target)}
-    key = cache.make_key(parts)
-    obj = cache.load(key, parts) if use_cache else None
-    if obj is None:
+
+    def build() -> bytes:
         with _lock:
-            obj = target_machine(target).emit_object(_module_for(text, target))
-        if use_cache:
-            cache.store(key, parts, obj)
-    return load(obj, names, target)
+            return target_machine(target).emit_object(_module_for(text, target))
+    parts = {"runtime": text.strip(), **target_parts(target)}
+    return load_cached(cache.make_key(parts), parts, names, target, build, use_cache)[0]
 
 
 # -- the step sink: a whole step of kernels in one native call per thread ----------------------

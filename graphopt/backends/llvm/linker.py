@@ -18,6 +18,7 @@ import struct
 import llvmlite.binding as llvm
 
 from ...errors import LoweringError
+from .target import baseline
 
 # The functions graphopt provides itself, as LLVM IR: symbol -> what it computes. Each is
 # what compiler-rt's routine of that name computes, with the same calling convention (the
@@ -125,70 +126,101 @@ declare double @llvm.fabs.f64(double)
 LINKER_SYMBOLS = frozenset({"_GLOBAL_OFFSET_TABLE_"})
 
 
-def undefined_symbols(object_code: bytes) -> list[str]:
-    """The symbols an object file (ELF or Mach-O, 64-bit) uses but does not define."""
-    if object_code[:4] == b"\x7fELF":
-        return _elf_undefined(object_code)
-    if object_code[:4] in (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf"):
-        return _macho_undefined(object_code)
+def symbols(object_code: bytes) -> tuple[set[str], list[str]]:
+    """The symbols an object file (ELF or Mach-O, 64-bit) defines, and those it uses but does
+    not define. Anything unreadable is a LoweringError: such code is not loaded."""
+    try:
+        if object_code[:4] == b"\x7fELF":
+            return _elf_symbols(object_code)
+        if object_code[:4] in (b"\xcf\xfa\xed\xfe", b"\xfe\xed\xfa\xcf"):
+            return _macho_symbols(object_code)
+    except (struct.error, IndexError, ValueError, UnicodeDecodeError) as e:
+        raise LoweringError(f"object code whose symbol table cannot be read ({e}): it is not "
+                            f"loaded") from None
     raise LoweringError(f"object code of an unknown format (starts {object_code[:4]!r}): its "
                         f"symbols cannot be checked, so it is not loaded")
 
 
-def _elf_undefined(obj: bytes) -> list[str]:
+def undefined_symbols(object_code: bytes) -> list[str]:
+    return symbols(object_code)[1]
+
+
+def _elf_symbols(obj: bytes) -> tuple[set[str], list[str]]:
     if obj[4] != 2:
-        raise LoweringError("32-bit ELF object code is not loaded (graphopt reads ELF64)")
+        raise ValueError("32-bit ELF (graphopt reads ELF64)")
     e = "<" if obj[5] == 1 else ">"
     shoff, = struct.unpack_from(e + "Q", obj, 0x28)
     shentsize, shnum = struct.unpack_from(e + "HH", obj, 0x3A)
     # section header: name, type, flags, addr, offset, size, link, info, align, entsize
     headers = [struct.unpack_from(e + "IIQQQQIIQQ", obj, shoff + i * shentsize)
                for i in range(shnum)]
-    names = []
+    defined, undefined = set(), []
     for _, kind, _, _, offset, size, link, _, _, entsize in headers:
         if kind != 2:  # SHT_SYMTAB
             continue
+        if offset + size > len(obj) or entsize < 24:
+            raise ValueError("a symbol table past the end of the file")
         strings = headers[link][4]
         for at in range(offset, offset + size, entsize):
             name, _, _, shndx = struct.unpack_from(e + "IBBH", obj, at)
-            if shndx == 0 and name:  # SHN_UNDEF
-                names.append(_cstring(obj, strings + name))
-    return names
+            if name:
+                (undefined.append if shndx == 0 else defined.add)(_cstring(obj, strings + name))
+    return defined, undefined
 
 
-def _macho_undefined(obj: bytes) -> list[str]:
+def _macho_symbols(obj: bytes) -> tuple[set[str], list[str]]:
     e = "<" if obj[:4] == b"\xcf\xfa\xed\xfe" else ">"
     ncmds, = struct.unpack_from(e + "I", obj, 16)
-    at, names = 32, []
+    at, defined, undefined = 32, set(), []
     for _ in range(ncmds):
         cmd, size = struct.unpack_from(e + "II", obj, at)
         if cmd == 0x2:  # LC_SYMTAB
             symoff, nsyms, stroff, _ = struct.unpack_from(e + "IIII", obj, at + 8)
             for k in range(nsyms):
                 strx, kind = struct.unpack_from(e + "IB", obj, symoff + 16 * k)
-                if kind & 0xE0 == 0 and kind & 0x0E == 0 and kind & 0x01:  # N_UNDF, N_EXT
-                    names.append(_cstring(obj, stroff + strx).removeprefix("_"))
-        at += size
-    return names
+                if kind & 0xE0:  # a debugging entry
+                    continue
+                name = _cstring(obj, stroff + strx).removeprefix("_")
+                if kind & 0x0E == 0 and kind & 0x01:  # N_UNDF, N_EXT
+                    undefined.append(name)
+                elif kind & 0x0E == 0x0E:  # N_SECT
+                    defined.add(name)
+        at += max(size, 8)
+    return defined, undefined
 
 
 def _cstring(data: bytes, at: int) -> str:
     return data[at:data.index(b"\0", at)].decode()
 
 
-def check(object_code: bytes, kernel: str) -> None:
-    """Make sure every symbol the object code calls resolves in this process (graphopt's
-    HELPERS are registered first, when the code needs one); LoweringError otherwise, before
-    anything was linked."""
-    for symbol in undefined_symbols(object_code):
+def check(object_code: bytes, names: tuple[str, ...]) -> None:
+    """Make sure the object code defines the functions `names` (the first names the kernel)
+    and that every symbol it calls resolves in this process (graphopt's HELPERS are
+    registered first, when the code needs one); LoweringError otherwise, before anything
+    was linked."""
+    _search_the_process()
+    defined, undefined = symbols(object_code)
+    missing = [n for n in names if n not in defined]
+    if missing:
+        raise LoweringError(f"object code meant for {names[0]} does not define "
+                            f"{', '.join(missing)}: it is not loaded")
+    for symbol in undefined:
         if symbol in LINKER_SYMBOLS:
             continue
         if symbol in HELPERS:
             _register_helpers()
         elif not llvm.address_of_symbol(symbol):
-            raise LoweringError(f"kernel {kernel}: its object code calls {symbol}, which "
+            raise LoweringError(f"kernel {names[0]}: its object code calls {symbol}, which "
                                 f"neither graphopt's helpers nor this process provide; it "
                                 f"was not loaded")
+
+
+@functools.cache
+def _search_the_process() -> llvm.ExecutionEngine:
+    """Make the process's own symbols (libc, libm) visible to `address_of_symbol`, as the
+    linker sees them: LLVM adds them to its search when the first MCJIT engine is made, so
+    one is made here, empty, and kept."""
+    return llvm.create_mcjit_compiler(llvm.parse_assembly(""), baseline().machine())
 
 
 @functools.cache

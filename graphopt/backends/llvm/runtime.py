@@ -27,7 +27,7 @@ from ...errors import ExecutionError, GraphoptError, LoweringError
 from ...ir import kernel as kernel_ir
 from ...ir.analysis import run_order
 from ...ir.graph import Graph, Node, Value
-from ...ir.registry import ELEMENTWISE, LINALG, REDUCTION, SHAPE, evaluate
+from ...ir.registry import evaluate
 from . import cache, engine, sinkpool
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
@@ -226,22 +226,22 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
     text = canonical_text(node)
     abi = plan(node, fastmath, text)
     parts = {"kernel": text, "flags": flags(fastmath), **engine.target_parts(target)}
-    key = cache.make_key(parts)
-    obj = cache.load(key, parts) if use_cache and cache.enabled() else None
-    hit = obj is not None
-    optimized, module = "", None
-    if obj is None:
+    built: dict[str, object] = {}
+
+    def build() -> bytes:
         from .codegen import generate  # the IR builder: loaded on a cache miss only
-        module, abi = generate(node, fastmath)
-        compiled = engine.compile_module(module, target)
-        obj, optimized = compiled.object_code, compiled.optimized_ir
-        if use_cache and cache.enabled():
-            cache.store(key, parts, obj)
-    fns = [KernelFn(a) for a in engine.load(obj, (abi.name, *filter(None, [abi.finisher])),
-                                            target)]
-    return NativeKernel(node, abi, fastmath, key, parts, time.perf_counter() - start, hit,
-                        optimized, target, fns[0], fns[1] if abi.finisher else None,
-                        _module=module)
+        built["module"], built["abi"] = generate(node, fastmath)
+        compiled = engine.compile_module(built["module"], target)
+        built["optimized"] = compiled.optimized_ir
+        return compiled.object_code
+
+    key = cache.make_key(parts)
+    names = (abi.name, *filter(None, [abi.finisher]))
+    addresses, hit = engine.load_cached(key, parts, names, target, build, use_cache)
+    fns = [KernelFn(a) for a in addresses]
+    return NativeKernel(node, built.get("abi", abi), fastmath, key, parts,
+                        time.perf_counter() - start, hit, built.get("optimized", ""), target,
+                        fns[0], fns[1] if abi.finisher else None, _module=built.get("module"))
 
 
 class LLVMProgram:
@@ -267,22 +267,32 @@ class LLVMProgram:
         # Graph inputs that native code reads as they are: the arguments that must be
         # C-contiguous and aligned (others go through numpy, which takes any layout).
         self.native_inputs = {v for k in self.kernels for v in k.node.inputs if v.is_input}
-        # A failure after an in-place store must be undone: back up what is stored before a
-        # node that could fail (numpy, a kernel that runs through numpy) comes.
-        first_store = next((i for i, n in enumerate(self.nodes)
-                            if id(n) in self.native and kernel_ir.written(n)), None)
-        self.needs_backup = first_store is not None and any(
-            id(n) not in self.native and may_fail(n) for n in self.nodes[first_store:])
         # The graph sink: when every node is a kernel compiled here, the whole step is one
         # native call per thread (see engine.SINK_IR), on the threads of sinkpool.py (a
         # one-kernel step too: those threads start sooner than the executor's).
         self.sink = bool(self.kernels) and all(id(n) in self.native for n in self.nodes)
+        # What can fail runs before the first in-place store where the graph allows it; a
+        # failure after one must be undone, so the parameters stored before the last node
+        # that could fail are backed up when the step starts (a fully native step: none).
+        self.nodes = _stores_last(self.nodes, self.native)
+        may_fail = [i for i, n in enumerate(self.nodes) if self._may_fail(n)]
+        self.backed_up = [v for n in self.nodes[:max(may_fail, default=0)]
+                          if id(n) in self.native for v in kernel_ir.written(n)]
+        self.needs_backup = bool(self.backed_up)
         self._sink = engine.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
         # Views of stored parameters can only come from nodes numpy runs.
         self.numpy_nodes = any(id(n) not in self.native and n.op != "assign"
                                for n in self.nodes)
+
+    def _may_fail(self, node: Node) -> bool:
+        """Whether running this node could raise: anything numpy runs (a MemoryError, if
+        nothing else), and a kernel that allocates its outputs when it is called one by one.
+        An assign only records its value; a depend passes one through."""
+        if id(node) in self.native:
+            return not self.sink and bool(node.body.outputs)
+        return node.op not in ("assign", "depend")
 
     @property
     def native_calls(self) -> int:
@@ -309,7 +319,7 @@ class LLVMProgram:
             if self.numpy_nodes else set()
         # An output that is a stored parameter itself keeps its value from before the step.
         early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
-        backups = {v: inputs[v].copy() for v in self.stored} if self.needs_backup else {}
+        backups = {v: inputs[v].copy() for v in self.backed_up}
         if self.sink:
             self._run_sink(env)
             return [early.get(v, env[v]) for v in self.graph.outputs], updates
@@ -416,14 +426,18 @@ def _address(fn: object) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value or 0
 
 
-def may_fail(node: Node) -> bool:
-    """Whether numpy could raise while running this node of a verified graph: types and
-    shapes were checked, and float errors give inf or NaN, not exceptions; what is left is
-    integers to negative powers, indices out of range, and kernels that numpy runs."""
-    if node.op in ("assign", "depend", "constant") or node.body is None and \
-            node.opdef.category in (ELEMENTWISE, SHAPE, REDUCTION, LINALG):
-        return node.op == "power" and not node.outputs[0].dtype.is_float
-    return True
+def _stores_last(nodes: list[Node], native: dict[int, NativeKernel]) -> list[Node]:
+    """The nodes in an order that runs everything that needs no in-place store before the
+    first one (each part in graph order: a node that reads a parameter's old value comes
+    before the store anyway, and one that reads a store's result after it)."""
+    later: set[int] = set()
+    made_later: set[Value] = set()
+    for n in nodes:
+        if id(n) in native and kernel_ir.written(n) or any(v in made_later
+                                                            for v in n.operands()):
+            later.add(id(n))
+            made_later.update(n.outputs)
+    return [n for n in nodes if id(n) not in later] + [n for n in nodes if id(n) in later]
 
 
 def compile(graph: Graph, *, fastmath: bool = False, cache: bool = True) -> LLVMProgram:
