@@ -9,8 +9,9 @@ from .runtime import LLVMProgram, compile
 
 
 def target() -> str:
-    """The switches that choose what kernels are compiled for (checked when compiling)."""
-    return f"{envvars.cpu()} {envvars.cpu_features()}"
+    """The switches that choose what kernels are compiled for, as set (jit asks on every
+    call, so this is only read here; target.py checks them when compiling)."""
+    return envvars.get("GRAPHOPT_CPU") + "\0" + envvars.get("GRAPHOPT_CPU_FEATURES")
 
 
 __all__ = ["compile", "target", "LLVMProgram"]
