@@ -50,7 +50,8 @@ class MapTrace(tracer.Trace):
         self.inputs: list[tuple[str, Any]] = []  # ("role", role) or ("shared", outer Value)
         self.by_key: dict[Any, Value] = {}
         self.stores: dict[Hashable, tuple[Value, Location | None]] = {}
-        self.chain: dict[tuple, tuple[str, dict, int]] = {}  # path -> (op, attrs, inputs)
+        # path -> (op, attrs, number of inputs, the (position, value) of its shared scalars)
+        self.chain: dict[tuple, tuple[str, dict, int, tuple]] = {}
         self._readers: dict[Value, int] | None = None
 
     def _input(self, key: tuple[str, Any], t: TensorType) -> Value:
@@ -102,9 +103,12 @@ class MapTrace(tracer.Trace):
                 len(n.outputs) != 1 or self.parent_readers(v) > 0 or \
                 any(x.shape not in ((), v.shape) for x in n.inputs):
             return self._input(("role", path), v.type)
-        self.chain[path] = (n.op, n.attrs, len(n.inputs))
-        args = [self._scalar(x) if x.shape == () and v.shape != () else
-                self._tensor(x, path + (k,)) for k, x in enumerate(n.inputs)]
+        # A scalar operand becomes one every instance shares: each instance must use the
+        # same one (_walk checks), or the kernel would scale them all by the first's.
+        scalars = tuple((k, x) for k, x in enumerate(n.inputs) if x.shape == () and v.shape != ())
+        self.chain[path] = (n.op, n.attrs, len(n.inputs), scalars)
+        args = [self._scalar(x) if (k, x) in scalars else self._tensor(x, path + (k,))
+                for k, x in enumerate(n.inputs)]
         out = self.graph.add_node(n.op, args, n.attrs, loc=n.loc).out
         self.by_key[("copy", path)] = out
         return out
@@ -221,15 +225,17 @@ def _operand(parent: tracer.Trace, obj: Any, key: tuple, written: set[int]) -> V
 
 
 def _walk(obj: Any, steps: tuple, role: Hashable,
-          chain: dict[tuple, tuple[str, dict, int]]) -> Any:
-    """The tensor at `steps` under an instance's role tensor: the same ops must be met on the
-    way as on the first instance's (the body was made from those)."""
+          chain: dict[tuple, tuple[str, dict, int, tuple]]) -> Any:
+    """The tensor at `steps` under an instance's role tensor: the same ops, with the same
+    shared scalars, must be met on the way as on the first instance's (the body was made
+    from those)."""
     v = obj.value if isinstance(obj, TracedTensor) and steps else obj
     path: tuple = (role,)
     for k in steps:
         n = v.node if isinstance(v, Value) else None
-        op, attrs, count = chain[path]
-        if n is None or n.op != op or n.attrs != attrs or len(n.inputs) != count:
+        op, attrs, count, scalars = chain[path]
+        if n is None or n.op != op or n.attrs != attrs or len(n.inputs) != count or \
+                any(n.inputs[j] is not x for j, x in scalars):
             raise MapUnsupported(f"role {role!r} is not made the same way in every instance")
         v, path = n.inputs[k], path + (k,)
     return v

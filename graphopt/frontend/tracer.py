@@ -22,7 +22,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import AssignError, GraphoptError, OpTypeError, ParameterError, SignatureError
+from ..errors import (AssignError, ExecutionError, GraphoptError, OpTypeError, ParameterError,
+                      SignatureError)
 from ..ir.analysis import producers, toposort, unordered_readers
 from ..ir.graph import Graph, Location, Value
 from ..ir.opdefs import constant_value
@@ -308,8 +309,13 @@ def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = No
         node = trace.graph.add_node(opname, values, attrs, loc=loc, out_types=out_types)
         return TracedTensor(node.out, trace, weak_result)
     arrays = [np.asarray(o.payload, dtype=o.type.dtype.np_dtype) for o in ops_in]
-    with np.errstate(all="ignore"):
-        out = evaluate(op, arrays, attrs, out_types)[0]
+    try:
+        with np.errstate(all="ignore"):
+            out = evaluate(op, arrays, attrs, out_types)[0]
+    except GraphoptError:
+        raise
+    except Exception as e:  # numpy's own error, as the interpreter reports it under jit
+        raise ExecutionError(f"{opname} failed: {e}", loc=loc) from None
     # A shape op returns a view; of a Parameter's buffer, a later eager assign would change it,
     # where the traced step keeps the value it read.
     return EagerTensor(out if out.flags.owndata else out.copy(), weak_result)

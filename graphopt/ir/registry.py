@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import GraphoptError, OpTypeError
-from .types import TensorType, Type
+from .types import TensorType, Type, bf16, f16
 
 # Categories that passes match on.
 ELEMENTWISE = "elementwise"
@@ -97,16 +97,30 @@ def check_attrs(op: OpDef, attrs: dict[str, Any]) -> None:
                           f"(expects {', '.join(op.attrs) or 'none'})")
 
 
+_HALVES = (f16.np_dtype, bf16.np_dtype)
+
+
+def _widened(op: OpDef, arrays: Sequence[Any]) -> Sequence[Any]:
+    """An elementwise op on f16 or bf16 computes in f32 and rounds once, to its result's
+    dtype: what numpy's own f16 functions do, and the LLVM backend for every op. An op that
+    numpy computes in several calls (rsqrt, sigmoid, gelu) would round after each."""
+    if op.category != ELEMENTWISE or not any(getattr(a, "dtype", None) in _HALVES
+                                              for a in arrays):
+        return arrays
+    return [a.astype(np.float32) if getattr(a, "dtype", None) in _HALVES else a for a in arrays]
+
+
 def evaluate_element(op: OpDef, arrays: Sequence[Any], attrs: dict[str, Any],
                      out_type: Type) -> np.ndarray:
     """An elementwise op of a kernel body on whole arrays: the declared dtype, any shape."""
-    return np.asarray(op.impl(*arrays, **attrs)).astype(out_type.dtype.np_dtype, copy=False)
+    return np.asarray(op.impl(*_widened(op, arrays), **attrs)).astype(out_type.dtype.np_dtype,
+                                                                     copy=False)
 
 
 def evaluate(op: OpDef, arrays: Sequence[np.ndarray], attrs: dict[str, Any],
              out_types: Sequence[Type]) -> list[np.ndarray]:
     """Run an op's numpy semantics and return arrays of exactly the declared output types."""
-    result = op.impl(*arrays, **attrs)
+    result = op.impl(*_widened(op, arrays), **attrs)
     results = result if isinstance(result, tuple) else (result,)
     out = []
     for r, t in zip(results, out_types):

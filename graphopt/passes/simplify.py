@@ -23,6 +23,7 @@ from __future__ import annotations
 import math
 from typing import Any
 
+import ml_dtypes
 import numpy as np
 
 from ..ir.graph import Graph, Node, Value
@@ -48,7 +49,7 @@ def _power_of_two(c: Any, dtype: DType) -> bool:
     mantissa, _ = math.frexp(abs(c))
     inv = np.asarray(1.0 / c, dtype=dtype.np_dtype)
     return mantissa == 0.5 and np.isfinite(inv) and float(inv) * c == 1.0 and \
-        np.abs(inv) >= np.finfo(dtype.np_dtype).tiny
+        np.abs(inv) >= ml_dtypes.finfo(dtype.np_dtype).tiny  # (numpy's finfo has no bf16)
 
 
 class _Rewriter:
