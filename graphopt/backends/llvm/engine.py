@@ -19,7 +19,7 @@ import llvmlite.binding as llvm
 
 from ...errors import LoweringError
 from . import cache, linker
-from .target import Target, _lock, baseline, selected
+from .target import Target, baseline, llvm_lock, selected
 
 if TYPE_CHECKING:
     from llvmlite import ir  # modules come from codegen; a warm start never imports it
@@ -79,14 +79,14 @@ def compile_module(module: ir.Module, target: Target | None = None) -> Compiled:
     """Object code for a target (the selected one by default; another machine's too, to be
     compiled and never loaded)."""
     target = target or selected()
-    with _lock:
+    with llvm_lock:
         mod = optimize(module, target)
         return Compiled(str(mod), target_machine(target).emit_object(mod))
 
 
 def assembly(module: ir.Module, target: Target | None = None) -> str:
     target = target or selected()
-    with _lock:
+    with llvm_lock:
         return target_machine(target).emit_assembly(optimize(module, target))
 
 
@@ -105,7 +105,7 @@ def load(object_code: bytes, names: tuple[str, ...], target: Target) -> list[int
     several objects into one engine mis-linked them (seen with llvmlite 0.50: a kernel
     loaded after one that calls libm computed wrong results). Code already loaded under
     this name for this target (names are hashes of what the code does) is reused."""
-    with _lock:
+    with llvm_lock:
         if (target, names[0]) not in _loaded:
             linker.check(object_code, names)
             engine = llvm.create_mcjit_compiler(llvm.parse_assembly(""), target.machine())
@@ -145,7 +145,7 @@ def runtime_functions(text: str, names: tuple[str, ...], use_cache: bool = True)
     target = baseline()
 
     def build() -> bytes:
-        with _lock:
+        with llvm_lock:
             return target_machine(target).emit_object(_module_for(text, target))
     parts = {"runtime": text.strip(), **target_parts(target)}
     return load_cached(cache.make_key(parts), parts, names, target, build, use_cache)[0]

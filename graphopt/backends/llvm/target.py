@@ -30,7 +30,7 @@ import llvmlite.binding as llvm
 from ... import envvars
 from ...errors import TargetError
 
-_lock = threading.RLock()  # LLVM's global state is not thread-safe (engine.py takes it too)
+llvm_lock = threading.RLock()  # LLVM's global state is not thread-safe (engine.py takes it too)
 HOST = "host"
 
 
@@ -161,7 +161,7 @@ def _unknown_names(target: Target) -> tuple[str, ...]:
 
 def _stderr_of(fn) -> str:
     """What native code writes on file descriptor 2 while fn runs."""
-    with _lock, tempfile.TemporaryFile() as out:
+    with llvm_lock, tempfile.TemporaryFile() as out:
         sys.stderr.flush()
         saved = os.dup(2)
         try:
@@ -205,7 +205,7 @@ def _host_runs(pairs: list[tuple[Target, Target]]) -> list[bool]:
                   f'"target-features"="{callee.features}" }}',
                   f'attributes #{2 * k + 1} = {{ "target-cpu"="{caller.cpu}" '
                   f'"target-features"="{caller.features}" }}']
-    with _lock:
+    with llvm_lock:
         mod = llvm.parse_assembly("\n".join(lines + attrs))
         mod.triple = host().triple
         tm = host().machine()
