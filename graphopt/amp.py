@@ -26,7 +26,7 @@ from .errors import OptimizerError
 from .frontend import Parameter, assign
 from .frontend.tensor import Tensor
 from .ir.types import f32, i64
-from .optim.optimizer import as_dtype, dtype_of
+from .optim.optimizer import as_dtype, check_count, dtype_of
 
 Grads = Sequence[Any] | Mapping[str, Any]
 
@@ -35,11 +35,8 @@ class LossScaler:
     """What static and dynamic scaling share: the scale is an f32 Parameter (`<name>`)."""
 
     def __init__(self, scale: float, name: str):
-        if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
-            raise OptimizerError(f"{type(self).__name__}: the scale must be a finite number "
-                                 f"> 0, got {scale!r}")
         self.name = name
-        self.loss_scale = Parameter(np.float32(scale), name=name)
+        self.loss_scale = Parameter(check_scale(scale, type(self).__name__), name=name)
 
     @property
     def scale_value(self) -> float:
@@ -88,6 +85,11 @@ class LossScaler:
         """The Parameters to checkpoint."""
         return [self.loss_scale]
 
+    def check_loaded(self, values: Mapping[str, np.ndarray]) -> None:
+        """Values a checkpoint would load (by name), checked as the constructor checks them."""
+        check_scale(np.asarray(values[self.loss_scale.name]).item(),
+                    f"'{self.loss_scale.name}' ({type(self).__name__})")
+
 
 class StaticLossScaler(LossScaler):
     """A fixed scale (MindSpore's FixedLossScaleManager: loss_scale=128.0,
@@ -102,10 +104,7 @@ class StaticLossScaler(LossScaler):
         return self.drop_overflow_update
 
     def set_scale(self, scale: float) -> None:
-        if not (isinstance(scale, (int, float)) and 0 < scale < float("inf")):
-            raise OptimizerError(f"StaticLossScaler: the scale must be a finite number > 0, "
-                                 f"got {scale!r}")
-        assign(self.loss_scale, np.float32(scale))
+        assign(self.loss_scale, check_scale(scale, "StaticLossScaler"))
 
 
 class DynamicLossScaler(LossScaler):
@@ -151,6 +150,23 @@ class DynamicLossScaler(LossScaler):
     def parameters(self) -> list[Parameter]:
         return [self.loss_scale, self.growth_tracker]
 
+    def check_loaded(self, values: Mapping[str, np.ndarray]) -> None:
+        super().check_loaded(values)
+        check_count(values, self.growth_tracker, below=self.growth_interval)
+
+
+def check_scale(scale: Any, what: str) -> np.float32:
+    """A loss scale as its f32 Parameter holds it: a number, finite and > 0 once rounded to f32
+    (1e39 would be inf, 1e-46 zero)."""
+    s = None
+    if isinstance(scale, (int, float, np.integer, np.floating)) and \
+            not isinstance(scale, (bool, np.bool_)):
+        with np.errstate(over="ignore"):
+            s = np.float32(scale)
+    if s is None or not 0 < s < np.inf:
+        raise OptimizerError(f"{what}: the scale must be a finite number > 0 (in f32), got "
+                             f"{scale!r}")
+    return s
 
 
 __all__ = ["LossScaler", "StaticLossScaler", "DynamicLossScaler"]

@@ -9,91 +9,114 @@ resumed run takes the same steps as an uninterrupted one, bit for bit. Objects a
 with `.parameters()` (optimizers, `Accumulate`, loss scalers); `params` may be a list of
 Parameters or a dict by name. bf16 arrays are stored as their raw 16-bit patterns (npz has
 no bf16) and each array's dtype is recorded, so nothing is converted on the way.
+
+The file is an .npz (a zip of .npy arrays) with one more entry, `__graphopt__`: JSON with
+the format number and each array's dtype. `load` trusts none of it. It opens regular files
+only, reads no pickle, and checks, before it changes anything: the archive and each entry
+(a damaged, truncated or foreign file is refused, naming the entry), the metadata (its form,
+its format, every dtype a graphopt dtype, one entry per array and one array per entry),
+that each array is stored as the dtype the metadata records (bits are never reinterpreted),
+that the file holds exactly the expected names with their shapes and dtypes (read from each
+array's header, before its data), and that the values are ones the objects would accept:
+hyper-parameters are checked by the same code as the optimizer's constructor, step counters
+and loss scales by their own rules (each object's `check_loaded`). Any failure is a
+CheckpointError and nothing was changed.
+
+`save` writes a temporary file next to the target and renames it over the target, so the old
+checkpoint stays whole until the new one is complete; a save that fails removes its temporary
+file. Neither may run inside a traced step: there they would run once, when the step is
+traced, and never again.
 """
 from __future__ import annotations
 
+import contextlib
 import json
+import lzma
+import math
 import os
-from typing import Any, Iterable, Mapping
+import stat
+import struct
+import threading
+import tokenize
+import zipfile
+import zlib
+from typing import IO, Any, Iterable, Mapping
 
 import numpy as np
 
-from .errors import OptimizerError
+from .errors import CheckpointError, OptimizerError
 from .frontend import Parameter, assign
 from .frontend.tracer import current_trace
-from .ir.types import to_dtype
+from .ir.types import DTYPES, DType, TensorType, bf16, to_dtype
 
 FORMAT = 1
 _META = "__graphopt__"
+# What reading a damaged archive can raise (zipfile and the decompressors raise many kinds).
+# A .npy header is parsed as a Python literal: SyntaxError, tokenize's TokenError.
+_READ_ERRORS = (OSError, EOFError, ValueError, zipfile.BadZipFile, zipfile.LargeZipFile,
+                NotImplementedError, RuntimeError, zlib.error, lzma.LZMAError, struct.error,
+                SyntaxError, tokenize.TokenError)
 
 
 def collect(params: Any, *objects: Any) -> list[Parameter]:
     """The Parameters of `params` and of each object's `.parameters()`, each once, with
     distinct names."""
-    items = list(params.values()) if isinstance(params, Mapping) else \
-        [params] if isinstance(params, Parameter) else list(params)
+    if isinstance(params, Mapping):
+        items = list(params.values())
+    elif isinstance(params, Parameter):
+        items = [params]
+    else:
+        try:
+            items = list(params)
+        except TypeError:
+            raise CheckpointError(f"checkpoint: params must be a Parameter, a list of them or "
+                                  f"a dict by name, got {type(params).__name__}") from None
     for obj in objects:
         if not hasattr(obj, "parameters"):
-            raise OptimizerError(f"cannot checkpoint a {type(obj).__name__}: it has no "
-                                 f".parameters()")
+            raise CheckpointError(f"cannot checkpoint a {type(obj).__name__}: it has no "
+                                  f".parameters()")
         items += obj.parameters()
     out: dict[str, Parameter] = {}
     for p in items:
         if not isinstance(p, Parameter):
-            raise OptimizerError(f"checkpoint: {p!r} is not a graphopt.Parameter")
+            raise CheckpointError(f"checkpoint: {p!r} is not a graphopt.Parameter")
         if out.get(p.name, p) is not p:
-            raise OptimizerError(f"checkpoint: two different Parameters are named '{p.name}'")
+            raise CheckpointError(f"checkpoint: two different Parameters are named '{p.name}'")
         out[p.name] = p
     return list(out.values())
 
 
+# -- saving ---------------------------------------------------------------------------------------
 def save(path: str | os.PathLike, params: Any, *objects: Any) -> None:
-    """Write every Parameter of `params` and `objects` to `path` (.npz), atomically."""
+    """Write every Parameter of `params` and `objects` to `path` (.npz), atomically: the old
+    file stays whole until the new one is complete, and a failed save leaves no file."""
+    path = _path(path, "save")
+    _refuse_in_trace("save", path)
     ps = collect(params, *objects)
+    if any(p.name == _META for p in ps):
+        raise CheckpointError(f"{path}: a Parameter is named '{_META}', the name of the "
+                              f"checkpoint's metadata entry; rename it")
+    if os.path.isdir(path):
+        raise CheckpointError(f"{path}: is a directory; save writes a file (a name such as "
+                              f"{os.path.join(path, 'run.npz')})")
     arrays = {p.name: _raw(p.numpy()) for p in ps}
     meta = {"format": FORMAT, "dtypes": {p.name: p.dtype.name for p in ps}}
     arrays[_META] = np.array(json.dumps(meta))
-    path = os.fspath(path)
-    tmp = f"{path}.tmp{os.getpid()}"
-    with open(tmp, "wb") as f:  # a file object: numpy adds no ".npz" to the name
-        np.savez(f, **arrays)
-    os.replace(tmp, path)  # a crash mid-write leaves the old checkpoint whole
-
-
-def load(path: str | os.PathLike, params: Any, *objects: Any) -> None:
-    """Restore every Parameter of `params` and `objects` from `path`. Checks that the file
-    holds exactly these names, with their shapes and dtypes, before changing anything."""
-    with np.load(os.fspath(path), allow_pickle=False) as f:
-        if _META not in f.files:
-            raise OptimizerError(f"{path}: not a graphopt checkpoint")
-        meta = json.loads(str(f[_META]))
-        if meta.get("format") != FORMAT:
-            raise OptimizerError(f"{path}: checkpoint format {meta.get('format')}, this "
-                                 f"graphopt reads format {FORMAT}")
-        arrays = {name: _typed(f[name], dtype) for name, dtype in meta["dtypes"].items()}
-    restore(collect(params, *objects), arrays, str(path))
-
-
-def restore(params: Iterable[Parameter], arrays: Mapping[str, np.ndarray], source: str) -> None:
-    """Copy arrays[p.name] into each Parameter, after checking all of them: same names (no
-    missing, no extra), shapes and dtypes. Nothing changes if any check fails."""
-    if current_trace() is not None:
-        raise OptimizerError(f"restoring {source} inside a traced step is not allowed")
-    params = list(params)
-    names = {p.name for p in params}
-    missing = [p.name for p in params if p.name not in arrays]
-    extra = sorted(set(arrays) - names)
-    if missing or extra:
-        parts = ([f"missing {missing}"] if missing else []) + \
-            ([f"unexpected {extra}"] if extra else [])
-        raise OptimizerError(f"{source}: {'; '.join(parts)}")
-    for p in params:
-        a = np.asarray(arrays[p.name])
-        if a.shape != p.shape or a.dtype != p.dtype.np_dtype:
-            raise OptimizerError(f"{source}: '{p.name}' is {a.dtype}{list(a.shape)}, the "
-                                 f"parameter is {p.type}")
-    for p in params:
-        assign(p, np.asarray(arrays[p.name]))
+    # Next to the target (a rename stays in one file system), one name per process and thread.
+    tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
+    try:
+        with open(tmp, "wb") as f:  # a file object: numpy adds no ".npz" to the name
+            np.savez(f, **arrays)
+            f.flush()
+            os.fsync(f.fileno())  # a full disk may only say so here, or at close
+        os.replace(tmp, path)  # a crash mid-write leaves the old checkpoint whole
+    except BaseException as e:
+        with contextlib.suppress(OSError):
+            os.unlink(tmp)
+        if isinstance(e, OSError):
+            raise CheckpointError(f"{path}: the checkpoint could not be written "
+                                  f"({e.strerror or e}); no file was changed") from None
+        raise
 
 
 def _raw(a: np.ndarray) -> np.ndarray:
@@ -101,9 +124,257 @@ def _raw(a: np.ndarray) -> np.ndarray:
     return a.view(np.uint16) if a.dtype.name == "bfloat16" else a
 
 
-def _typed(a: np.ndarray, dtype: str) -> np.ndarray:
-    d = to_dtype(dtype).np_dtype
-    return a.view(d) if a.dtype != d and a.dtype.itemsize == d.itemsize else a
+def _stored(d: DType) -> np.dtype:
+    """The numpy dtype an array of graphopt dtype d is stored as."""
+    return np.dtype(np.uint16) if d == bf16 else d.np_dtype
 
 
-__all__ = ["save", "load", "restore", "collect"]
+# -- loading --------------------------------------------------------------------------------------
+def load(path: str | os.PathLike, params: Any, *objects: Any) -> None:
+    """Restore every Parameter of `params` and `objects` from `path`. Checks the file, its
+    names, shapes, dtypes and values (see the module docstring) before changing anything;
+    any problem is a CheckpointError that names the file and the entry."""
+    path = _path(path, "load")
+    _refuse_in_trace("load", path)
+    targets = collect(params, *objects)
+    with _open_regular(path) as f:
+        arrays = _read(f, path, targets)
+    restore(targets, arrays, path, objects)
+
+
+def restore(params: Iterable[Parameter], arrays: Mapping[str, Any], source: str,
+            objects: Iterable[Any] = ()) -> None:
+    """Copy arrays[p.name] into each Parameter, after checking all of them: same names (no
+    missing, no extra), shapes and dtypes, and values each object accepts (its
+    `check_loaded(values)`, if it has one). Nothing changes if any check fails."""
+    _refuse_in_trace("restore", source)
+    params = list(params)
+    if not isinstance(arrays, Mapping):
+        raise CheckpointError(f"{source}: the arrays must be a dict by Parameter name, got "
+                              f"{type(arrays).__name__}")
+    values: dict[str, np.ndarray] = {}
+    for name, a in arrays.items():
+        if not isinstance(name, str):
+            raise CheckpointError(f"{source}: entry {name!r}: names are strings")
+        try:
+            values[name] = np.asarray(a)
+        except (ValueError, TypeError) as e:
+            raise CheckpointError(f"{source}: entry '{name}' is not an array ({e})") from None
+    check_entries(params, {n: (a.dtype, a.shape) for n, a in values.items()}, source)
+    for obj in objects:
+        check = getattr(obj, "check_loaded", None)
+        if check is not None:
+            try:
+                check(values)
+            except OptimizerError as e:
+                raise CheckpointError(f"{source}: {e.message}") from None
+    for p in params:
+        assign(p, values[p.name])
+
+
+def check_entries(params: Iterable[Parameter], entries: Mapping[str, tuple[Any, tuple]],
+                  source: str) -> None:
+    """The entries (name -> (dtype, shape); a graphopt or a numpy dtype) are exactly the
+    Parameters' names, each with its Parameter's shape and dtype."""
+    params = list(params)
+    names = {p.name for p in params}
+    missing = [p.name for p in params if p.name not in entries]
+    extra = sorted(set(entries) - names)
+    if missing or extra:
+        parts = ([f"missing {missing}"] if missing else []) + \
+            ([f"unexpected {extra}"] if extra else [])
+        raise CheckpointError(f"{source}: {'; '.join(parts)}")
+    for p in params:
+        dtype, shape = entries[p.name]
+        d = dtype if isinstance(dtype, DType) else _graphopt_dtype(dtype)
+        if d != p.dtype or tuple(shape) != p.shape:
+            raise CheckpointError(f"{source}: '{p.name}' is {_describe(dtype, shape)}, the "
+                                  f"parameter is {p.type}")
+
+
+def _read(f: IO[bytes], path: str, targets: list[Parameter]) -> dict[str, np.ndarray]:
+    """The arrays of a checkpoint file, checked against its metadata and against `targets`
+    (names, shapes and dtypes from each array's header, before its data is read)."""
+    head = f.read(8)
+    f.seek(0)
+    if not head:
+        raise CheckpointError(f"{path}: the file is empty (not a graphopt checkpoint)")
+    if head.startswith(b"\x93NUMPY"):
+        raise CheckpointError(f"{path}: a single .npy array, not a graphopt checkpoint (an "
+                              f".npz written by graphopt.save)")
+    if head[:1] == b"\x80":
+        raise CheckpointError(f"{path}: a pickle, not a graphopt checkpoint; graphopt never "
+                              f"unpickles (loading a pickle can run any code)")
+    try:
+        archive = zipfile.ZipFile(f)
+        infos = archive.infolist()
+    except _READ_ERRORS as e:
+        raise CheckpointError(f"{path}: not a readable .npz archive ({e}): truncated, "
+                              f"damaged, or not written by graphopt.save") from None
+    with archive:
+        members: dict[str, zipfile.ZipInfo] = {}
+        for info in infos:
+            if not info.filename.endswith(".npy"):
+                raise CheckpointError(f"{path}: not a graphopt checkpoint: it holds "
+                                      f"'{info.filename}', which is not a .npy array")
+            name = info.filename[:-len(".npy")]
+            if name in members:
+                raise CheckpointError(f"{path}: the entry '{name}' is there twice")
+            members[name] = info
+        if _META not in members:
+            raise CheckpointError(f"{path}: not a graphopt checkpoint (it has no '{_META}' "
+                                  f"entry: an .npz of other arrays?)")
+        dtypes = _metadata(archive, members.pop(_META), path)
+        unlisted = sorted(set(members) - set(dtypes))
+        if unlisted:
+            raise CheckpointError(f"{path}: the entries {unlisted} have no dtype in the "
+                                  f"metadata")
+        absent = sorted(set(dtypes) - set(members))
+        if absent:
+            raise CheckpointError(f"{path}: the metadata lists {absent}, which the file does "
+                                  f"not hold (missing arrays)")
+        shapes = {}
+        for name, info in members.items():  # headers first: nothing large is read yet
+            with _npy(archive, info, path, name) as (_, shape, _, dtype):
+                want = _stored(dtypes[name])
+                if dtype != want:
+                    raise CheckpointError(f"{path}: entry '{name}' is stored as {dtype.str} "
+                                          f"({_describe(dtype, shape)}) where the metadata "
+                                          f"says {dtypes[name]} ({want.str}); graphopt does "
+                                          f"not reinterpret bits")
+                shapes[name] = shape
+        check_entries(targets, {n: (dtypes[n], shapes[n]) for n in members}, path)
+        return {name: _data(archive, info, path, name, dtypes[name])
+                for name, info in members.items()}
+
+
+def _metadata(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str) -> dict[str, DType]:
+    """The metadata entry: {"format": 1, "dtypes": {name: "f32", ...}}, checked."""
+    with _npy(archive, info, path, _META) as (_, shape, _, dtype):
+        if dtype.kind != "U" or shape != ():
+            raise CheckpointError(f"{path}: the metadata ('{_META}') is "
+                                  f"{_describe(dtype, shape)}, expected a string")
+    try:
+        meta = json.loads(str(_data(archive, info, path, _META, None)))
+    except ValueError as e:
+        raise CheckpointError(f"{path}: the metadata ('{_META}') is not JSON ({e})") from None
+    if not isinstance(meta, dict):
+        raise CheckpointError(f"{path}: the metadata ('{_META}') is a JSON "
+                              f"{type(meta).__name__}, expected an object with 'format' and "
+                              f"'dtypes'")
+    if set(meta) != {"format", "dtypes"}:
+        raise CheckpointError(f"{path}: the metadata ('{_META}') has the keys {sorted(meta)}, "
+                              f"expected ['dtypes', 'format']")
+    fmt = meta["format"]
+    if type(fmt) is not int or fmt != FORMAT:
+        raise CheckpointError(f"{path}: checkpoint format {fmt!r}, this graphopt reads "
+                              f"format {FORMAT}")
+    dtypes = meta["dtypes"]
+    if not isinstance(dtypes, dict):
+        raise CheckpointError(f"{path}: the metadata's 'dtypes' is a JSON "
+                              f"{type(dtypes).__name__}, expected an object (name -> dtype)")
+    for name, d in dtypes.items():
+        if not isinstance(d, str) or d not in DTYPES:
+            raise CheckpointError(f"{path}: the metadata gives '{name}' the dtype {d!r}; "
+                                  f"graphopt's dtypes are {', '.join(DTYPES)}")
+    return {name: DTYPES[d] for name, d in dtypes.items()}
+
+
+@contextlib.contextmanager
+def _npy(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, name: str):
+    """One .npy entry opened, its header read: (file, shape, fortran_order, dtype). Whatever
+    reading it raises, here or in the caller's block, is a CheckpointError naming it."""
+    try:
+        with archive.open(info) as fp:
+            version = np.lib.format.read_magic(fp)
+            if version not in ((1, 0), (2, 0)):
+                raise CheckpointError(f"{path}: entry '{name}' is in .npy format version "
+                                      f"{version} (graphopt writes 1.0)")
+            read_header = np.lib.format.read_array_header_1_0 if version == (1, 0) else \
+                np.lib.format.read_array_header_2_0
+            shape, fortran, dtype = read_header(fp)
+            yield fp, shape, fortran, dtype
+    except CheckpointError:
+        raise
+    except _READ_ERRORS as e:
+        raise CheckpointError(f"{path}: entry '{name}' is damaged or not a .npy array "
+                              f"({e})") from None
+
+
+def _data(archive: zipfile.ZipFile, info: zipfile.ZipInfo, path: str, name: str,
+          dtype: DType | None) -> np.ndarray:
+    """The array of one entry (its header checked already), exactly its header's bytes; a bf16
+    one viewed as bf16 (`dtype`, what the metadata records)."""
+    with _npy(archive, info, path, name) as (fp, shape, fortran, stored):
+        size = stored.itemsize * math.prod(shape)
+        data = fp.read(size)
+        if len(data) != size:
+            raise CheckpointError(f"{path}: entry '{name}' is truncated ({len(data)} of {size} "
+                                  f"bytes of data)")
+        if fp.read(1):  # also where zipfile checks the entry's CRC
+            raise CheckpointError(f"{path}: entry '{name}' holds more data than its header's "
+                                  f"{_describe(stored, shape)}")
+        a = np.frombuffer(data, stored).reshape(shape, order="F" if fortran else "C")
+    return a.view(dtype.np_dtype) if dtype == bf16 else a
+
+
+# -- small helpers --------------------------------------------------------------------------------
+def _path(path: Any, what: str) -> str:
+    try:
+        p = os.fsdecode(os.fspath(path))
+    except TypeError:
+        raise CheckpointError(f"{what}: the path must be a str or an os.PathLike, got "
+                              f"{type(path).__name__}") from None
+    if not p:
+        raise CheckpointError(f"{what}: the path is empty")
+    return p
+
+
+def _refuse_in_trace(what: str, path: str) -> None:
+    if current_trace() is not None:
+        raise CheckpointError(f"{what}({path!r}) inside a traced step (@jit): it would run "
+                              f"once, while the step is traced, never when it runs; call "
+                              f"{what} between steps, outside the jitted function")
+
+
+@contextlib.contextmanager
+def _open_regular(path: str):
+    """The file at `path` opened for reading, if it is a regular file (never blocks on a FIFO
+    or a device: it is opened without blocking, then checked)."""
+    flags = os.O_RDONLY | getattr(os, "O_NONBLOCK", 0) | getattr(os, "O_CLOEXEC", 0) | \
+        getattr(os, "O_BINARY", 0)
+    try:
+        fd = os.open(path, flags)
+    except FileNotFoundError:
+        raise CheckpointError(f"{path}: no such file") from None
+    except IsADirectoryError:
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file") from None
+    except OSError as e:
+        raise CheckpointError(f"{path}: cannot be opened ({e.strerror or e})") from None
+    try:
+        mode = os.fstat(fd).st_mode
+        if not stat.S_ISREG(mode):
+            kind = "a directory" if stat.S_ISDIR(mode) else \
+                "a FIFO" if stat.S_ISFIFO(mode) else "not a regular file"
+            raise CheckpointError(f"{path}: is {kind}, not a checkpoint file")
+        f = os.fdopen(fd, "rb")
+    except BaseException:
+        os.close(fd)
+        raise
+    with f:
+        yield f
+
+
+def _graphopt_dtype(d: Any) -> DType | None:
+    try:
+        return to_dtype(d)
+    except TypeError:
+        return None
+
+
+def _describe(dtype: Any, shape: tuple) -> str:
+    d = dtype if isinstance(dtype, DType) else _graphopt_dtype(dtype)
+    return str(TensorType(shape, d)) if d is not None else f"{np.dtype(dtype)}{list(shape)}"
+
+
+__all__ = ["save", "load", "restore", "collect", "check_entries"]

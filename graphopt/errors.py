@@ -90,3 +90,10 @@ class GradientError(GraphoptError, TypeError):
 
 class NotDifferentiableError(GradientError):
     """A gradient has to flow through an op that has no VJP rule."""
+
+
+class CheckpointError(GraphoptError, ValueError):
+    """A checkpoint that cannot be saved or loaded: a malformed, damaged or foreign file (the
+    message names the file and the entry), a state dict of the wrong form, values a
+    parameter or an optimizer would refuse, a save inside a traced step, a write that
+    failed. Loading that fails changes nothing; a save that fails leaves the old file."""

@@ -16,7 +16,7 @@ from .. import memory, ops
 from ..errors import OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.tensor import Tensor
-from .optimizer import Optimizer, as_dtype, check_condition
+from .optimizer import Optimizer, as_dtype, check_condition, check_count
 
 
 class Accumulate:
@@ -69,6 +69,12 @@ class Accumulate:
     def parameters(self) -> list[Parameter]:
         """Every Parameter to checkpoint: the optimizer's, the counter and the sums."""
         return self.opt.parameters() + [self.count] + self.accum
+
+    def check_loaded(self, values: Mapping[str, np.ndarray]) -> None:
+        """Values a checkpoint would load (by name): the optimizer's, and a counter in
+        [0, steps)."""
+        self.opt.check_loaded(values)
+        check_count(values, self.count, below=self.steps)
 
 
 def _unless_dropped(where: Any, new: Any, old: Parameter) -> Any:

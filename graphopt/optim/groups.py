@@ -140,16 +140,15 @@ class ParamGroup(MutableMapping):
         if key == "params":
             raise OptimizerError(f"{self.label}: the parameters of a group are fixed when the "
                                  f"optimizer is built")
-        value = self._checked(key, value)
         if key not in self._data:
+            value = self._checked(key, value)  # a bad value is named as such first
             if _is_schedule(value) or _is_schedule(self._fixed.get(key)):
                 why = "an lr schedule is part of the compiled step"
             else:
                 why = f"{key!r} decides the structure of the compiled step"
             raise OptimizerError(f"{self.label}: {key!r} cannot change after the optimizer is "
                                  f"built ({why}); build a new optimizer")
-        old = {k: self[k] for k in self if k != "params"}
-        self._validate(self, old | {key: value}, old)
+        value = self.check_change({key: value})[key]
         numbers = value if self._options[key].names else (value,)
         for p, x in zip(self._data[key], numbers):
             assign(p, np.float64(x))
@@ -169,6 +168,42 @@ class ParamGroup(MutableMapping):
         return f"ParamGroup({self.label}: {shown})"
 
     # -- checking values -------------------------------------------------------------------
+    def check_change(self, changes: dict[str, Any],
+                     entry: Callable[[str], str] | None = None) -> dict[str, Any]:
+        """New values of data hyper-parameters (key -> value), checked as the constructor
+        checks its arguments: each value's kind and range (`_checked`), then the optimizer's
+        checks across options, against the group's other current values. Returns them in
+        canonical form. `entry(key)`, if given, starts the message about a refused value
+        (for a check across options: about each value that changed).
+        `group[key] = value` and a checkpoint's values (`check_loaded`) both come here."""
+        new = {}
+        for key, value in changes.items():
+            try:
+                new[key] = self._checked(key, value)
+            except OptimizerError as e:
+                if entry is None:
+                    raise
+                raise OptimizerError(f"{entry(key)}: {e.message}") from None
+        old = {k: self[k] for k in self if k != "params"}
+        try:
+            self._validate(self, old | new, old)
+        except OptimizerError as e:
+            changed = [entry(k) for k in new if new[k] != old[k]] if entry else []
+            if not changed:
+                raise
+            raise OptimizerError(f"{', '.join(changed)}: {e.message}") from None
+        return new
+
+    def check_loaded(self, values: Any) -> None:
+        """The group's hyper-parameters as a checkpoint would set them (`values`: arrays by
+        Parameter name, every one of this group's present), checked by `check_change`."""
+        changes = {}
+        for key, params in self._data.items():
+            numbers = tuple(np.asarray(values[p.name]).item() for p in params)
+            changes[key] = numbers if self._options[key].names else numbers[0]
+        entries = {key: " and ".join(f"'{p.name}'" for p in ps) for key, ps in self._data.items()}
+        self.check_change(changes, entries.__getitem__)
+
     def _checked(self, key: str, value: Any) -> Any:
         """The value in canonical form (floats, a tuple for pairs), or an OptimizerError."""
         opt = self._options.get(key)

@@ -31,13 +31,14 @@ from __future__ import annotations
 
 import functools
 import itertools
+import math
 from dataclasses import dataclass, field
 from typing import Any, Callable, ClassVar, Mapping, Sequence
 
 import numpy as np
 
 from .. import memory, ops
-from ..errors import OptimizerError
+from ..errors import CheckpointError, OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.hypermap import MapUnsupported, hypermap
 from ..frontend.tensor import Tensor
@@ -358,19 +359,42 @@ class Optimizer:
                 "state": {p.name: p.numpy() for p in self.parameters()}}
 
     def load_state_dict(self, state_dict: Mapping[str, Any]) -> None:
-        """Restore a `state_dict()`; checks everything before changing anything."""
+        """Restore a `state_dict()`; checks everything before changing anything (its form,
+        the fixed options of each group, every array's name, shape and dtype, and the values
+        as the constructor checks them), else a CheckpointError."""
         from ..checkpoint import restore
-        kind = type(self).__name__
-        try:
-            groups, arrays = state_dict["param_groups"], state_dict["state"]
-        except (KeyError, TypeError):
-            raise OptimizerError(f"{kind}.load_state_dict: not a state_dict (it needs "
-                                 f"'param_groups' and 'state')") from None
-        mine = [self._structure(g) for g in self.param_groups]
-        if list(groups) != mine:
-            raise OptimizerError(f"{kind}.load_state_dict: the saved groups {groups} differ "
-                                 f"from this optimizer's {mine}")
-        restore(self.parameters(), arrays, f"{kind} state_dict")
+        where = f"{type(self).__name__}.load_state_dict"
+        if not isinstance(state_dict, Mapping) or set(state_dict) != {"param_groups", "state"}:
+            got = sorted(map(str, state_dict)) if isinstance(state_dict, Mapping) else \
+                type(state_dict).__name__
+            raise CheckpointError(f"{where}: not a state_dict (a dict of 'param_groups' and "
+                                  f"'state', as state_dict() makes), got {got}")
+        groups, arrays = state_dict["param_groups"], state_dict["state"]
+        if not isinstance(groups, (list, tuple)) or \
+                not all(isinstance(g, Mapping) for g in groups):
+            raise CheckpointError(f"{where}: 'param_groups' must be a list of dicts, one per "
+                                  f"group, got {_short(groups)}")
+        difference = _group_difference(groups, [self._structure(g) for g in self.param_groups])
+        if difference:
+            raise CheckpointError(f"{where}: the saved groups differ from this optimizer's: "
+                                  f"{difference}")
+        if not isinstance(arrays, Mapping):
+            raise CheckpointError(f"{where}: 'state' must be a dict of arrays by Parameter "
+                                  f"name, got {_short(arrays)}")
+        restore(self.parameters(), arrays, f"{type(self).__name__} state_dict", [self])
+
+    def check_loaded(self, values: Mapping[str, np.ndarray]) -> None:
+        """Values about to be loaded into this optimizer's Parameters (by name), checked as
+        the constructor checks its arguments: each group's hyper-parameters (by the same
+        code, `ParamGroup.check_change`), the step count, the groups' state. Raises
+        OptimizerError naming the entry."""
+        check_count(values, self.step_count)
+        for group, state in zip(self.param_groups, self.group_state):
+            group.check_loaded(values)
+            for p in state.values():
+                x = float(np.asarray(values[p.name]))
+                if not math.isfinite(x):
+                    raise OptimizerError(f"'{p.name}' must be a finite number, got {x}")
 
     def _structure(self, group: ParamGroup) -> dict[str, Any]:
         fixed = {k: group[k] for k in group if k != "params" and not group.is_data(k)
@@ -380,6 +404,40 @@ class Optimizer:
     def __repr__(self) -> str:
         groups = "\n".join(f"  {g!r}" for g in self.param_groups)
         return f"{type(self).__name__}(name={self.name!r}\n{groups}\n)"
+
+
+def check_count(values: Mapping[str, np.ndarray], counter: Parameter,
+                below: int | None = None) -> None:
+    """A counter Parameter's value about to be loaded: an integer >= 0 (and < `below`)."""
+    n = int(np.asarray(values[counter.name]))
+    if n < 0 or (below is not None and n >= below):
+        rule = ">= 0" if below is None else f"in [0, {below})"
+        raise OptimizerError(f"'{counter.name}' is {n}; a count {rule}")
+
+
+def _group_difference(groups: Sequence[Mapping[str, Any]],
+                      mine: list[dict[str, Any]]) -> str | None:
+    """The first difference between saved groups and this optimizer's, in words, or None."""
+    if len(groups) != len(mine):
+        return f"{len(groups)} groups saved, {len(mine)} here"
+    for i, (saved, here) in enumerate(zip(groups, mine)):
+        for key in sorted(set(saved) | set(here), key=str):
+            if key not in saved or key not in here:
+                side = "here" if key in here else "in the state dict"
+                return f"group {i} has {key!r} {side} only"
+            try:
+                same = bool(saved[key] == here[key])
+            except (TypeError, ValueError):  # values that do not compare (arrays)
+                same = False
+            if not same:
+                return f"group {i}: {key!r} is {_short(saved[key])} in the state dict, " \
+                       f"{_short(here[key])} here"
+    return None
+
+
+def _short(x: Any) -> str:
+    text = repr(x)
+    return f"{type(x).__name__} {text[:60]}..." if len(text) > 64 else f"{type(x).__name__} {text}"
 
 
 def check_condition(where: Any, what: str) -> Any:

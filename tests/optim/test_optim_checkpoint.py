@@ -5,7 +5,7 @@ import pytest
 
 import graphopt as go
 from graphopt import amp, optim
-from graphopt.errors import OptimizerError
+from graphopt.errors import CheckpointError
 from optim_reference import problem
 
 
@@ -78,15 +78,15 @@ def test_load_checks_everything_before_changing_anything(tmp_path):
     before = [p.numpy() for p in ps2 + opt2.parameters()]
     wrong_shape = go.Parameter(np.zeros(5, np.float32), name="fc.b")
     cases = [
-        (([ps2[0], wrong_shape], opt2), r"'fc.b' is float32\[3\], the parameter is f32\[5\]"),
+        (([ps2[0], wrong_shape], opt2), r"'fc.b' is f32\[3\], the parameter is f32\[5\]"),
         (([ps2[0]], opt2), r"unexpected \['fc.b'\]"),
         ((ps2, opt2, scaler), r"missing \['loss_scale'"),
     ]
     for args, message in cases:
-        with pytest.raises(OptimizerError, match=message):
+        with pytest.raises(CheckpointError, match=message):
             go.load(tmp_path / "run.npz", *args)
     for p, v in zip(ps2 + opt2.parameters(), before):
         np.testing.assert_array_equal(p.numpy(), v)
     np.savez(tmp_path / "plain.npz", x=np.zeros(2))
-    with pytest.raises(OptimizerError, match="not a graphopt checkpoint"):
+    with pytest.raises(CheckpointError, match="not a graphopt checkpoint"):
         go.load(tmp_path / "plain.npz", ps2)

@@ -4,7 +4,7 @@ import pytest
 
 import graphopt as go
 from graphopt import optim
-from graphopt.errors import GraphoptError, OptimizerError
+from graphopt.errors import CheckpointError, GraphoptError, OptimizerError
 from optim_reference import Reference, problem
 
 
@@ -227,10 +227,10 @@ def test_state_dict_round_trip_and_checks():
     for a, b in zip(opt.parameters(), other.parameters()):
         np.testing.assert_array_equal(a.numpy(), b.numpy())
     plain = optim.Adam(params)
-    with pytest.raises(OptimizerError, match="amsgrad"):
+    with pytest.raises(CheckpointError, match="amsgrad"):
         plain.load_state_dict(sd)
     broken = {**sd, "state": {k: v for k, v in sd["state"].items() if k != "fc.b.exp_avg"}}
-    with pytest.raises(OptimizerError, match="missing.*fc.b.exp_avg"):
+    with pytest.raises(CheckpointError, match="missing.*fc.b.exp_avg"):
         other.load_state_dict(broken)
 
 
