@@ -23,6 +23,19 @@
 |                            |             | refused (TargetError) before it is loaded          |
 | `GRAPHOPT_CPU_FEATURES`    | (unset)     | LLVM features added to the CPU's, comma-separated  |
 |                            |             | (`+avx2,-fma`); with `host`: to the host's         |
+| `GRAPHOPT_DEBUG`           | `0`         | `1`: the `graphopt` command shows the traceback of |
+|                            |             | an error, not only its one line (for bug reports)  |
+
+A flag (`GRAPHOPT_CACHE`, `GRAPHOPT_DEBUG`) takes `1`, `true`, `yes`, `on` or `0`, `false`,
+`no`, `off`. Flags and choices are read without regard to case, every value without regard to
+surrounding spaces, and an empty value is the same as an unset one. A value a switch does not
+take raises SwitchError (a GraphoptError and a ValueError) where the switch is read, or at
+once from `set_var` and `override`, naming the switch, the value, where it was set and what
+the switch takes; nothing is guessed. Each switch is parsed by the function in its row of
+VARIABLES below, the one place that knows what it takes. `GRAPHOPT_CPU` and
+`GRAPHOPT_CPU_FEATURES` are passed on as text (features stripped, empty items dropped): which
+names exist is LLVM's to say, so graphopt/backends/llvm/target.py checks them when a kernel
+is compiled (TargetError).
 
 Each switch is read when its function is called, never at import time, so a test can
 monkeypatch the environment and a program can change a switch while it runs. Switches are
@@ -41,62 +54,193 @@ from __future__ import annotations
 import functools
 import logging
 import os
+import re
 import sys
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
+from fractions import Fraction
 from pathlib import Path
+from typing import Any
 
+from .errors import SwitchError
+
+TOPICS = {"cache": "each cache hit and miss, with its parts"}  # GRAPHOPT_LOG's topics
+BACKENDS = ("llvm", "interpreter")   # GRAPHOPT_BACKEND's choices (graphopt.backends.BACKENDS)
+
+
+class _Invalid(Exception):
+    """Raised by a parser for a value its switch does not take (with what is wrong, if more
+    can be said than what the switch takes)."""
+
+    def __init__(self, problem: str = ""):
+        self.problem = problem
+        super().__init__(problem)
+
+
+# ----------------------------------------------------------------------------- parsers
+# Each takes the value stripped of surrounding spaces (the switch's default when that is
+# empty) and returns what the switch's function returns, or raises _Invalid.
+
+_TRUE, _FALSE = ("1", "true", "yes", "on"), ("0", "false", "no", "off")
+
+
+def _flag(text: str) -> bool:
+    if text.lower() in _TRUE:
+        return True
+    if text.lower() in _FALSE:
+        return False
+    raise _Invalid()
+
+
+def _path(text: str) -> Path | None:
+    if "\0" in text:
+        raise _Invalid("a path cannot hold a NUL character")
+    return Path(text).expanduser() if text else None
+
+
+_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
+_SIZE = re.compile(r"(\d+(?:\.\d*)?|\.\d+)\s*(?:([KMGT])(?:I?B)?|B)?", re.ASCII | re.IGNORECASE)
+
+
+def _size(text: str) -> int:
+    m = _SIZE.fullmatch(text)
+    if m is None:
+        raise _Invalid()
+    return int(Fraction(m[1]) * _UNITS[(m[2] or "").upper()])
+
+
+def _topics(text: str) -> frozenset[str]:
+    topics = frozenset(t.strip().lower() for t in text.split(",") if t.strip())
+    unknown = sorted(topics - TOPICS.keys())
+    if unknown:
+        raise _Invalid(f"unknown topic{'s' * (len(unknown) > 1)} {', '.join(unknown)}")
+    return topics
+
+
+def _choice(*choices: str) -> Callable[[str], str]:
+    def parse(text: str) -> str:
+        if text.lower() not in choices:
+            raise _Invalid()
+        return text.lower()
+    return parse
+
+
+@functools.cache
+def _cores() -> int:
+    return os.cpu_count() or 1  # (reads /sys on every call: asked once per process)
+
+
+def _threads(text: str) -> int:
+    if not text:
+        return _cores()
+    if not text.isascii() or not text.isdigit() or int(text) < 1:
+        raise _Invalid()
+    return min(int(text), _cores())  # a step's threads wait for each other: no more than cores
+
+
+def _text(text: str) -> str:
+    return text
+
+
+def _features(text: str) -> str:
+    return ",".join(f.strip() for f in text.split(",") if f.strip())
+
+
+# ----------------------------------------------------------------------------- the table
 
 @dataclass(frozen=True)
 class Variable:
     name: str
     default: str
     doc: str
+    parse: Callable[[str], Any]   # the stripped value (the default if empty) -> its meaning
+    allowed: str                  # what the switch takes, as an error says it
 
+
+_FLAG = "1, true, yes, on (or 0, false, no, off)"
 
 VARIABLES: dict[str, Variable] = {v.name: v for v in (
-    Variable("GRAPHOPT_CACHE", "1", "0 turns the on-disk compilation cache off"),
+    Variable("GRAPHOPT_CACHE", "1", "0 turns the on-disk compilation cache off", _flag, _FLAG),
     Variable("GRAPHOPT_CACHE_DIR", "", "the cache directory (default: $XDG_CACHE_HOME/graphopt, "
-                                       "else ~/.cache/graphopt)"),
+                                       "else ~/.cache/graphopt)", _path, "a directory path"),
     Variable("GRAPHOPT_CACHE_MAX_BYTES", "512M", "size bound of the cache, in bytes "
-                                                         "(suffixes K, M, G)"),
-    Variable("GRAPHOPT_LOG", "", "comma-separated log topics printed on stderr: cache"),
-    Variable("GRAPHOPT_BACKEND", "llvm", "the backend jit uses when none is given"),
+                                                 "(suffixes K, M, G, T)", _size,
+             "a size in bytes, a whole or decimal number with an optional K, M, G or T "
+             "(powers of 1024): 536870912, 512M, 1.5G"),
+    Variable("GRAPHOPT_LOG", "", "comma-separated log topics printed on stderr: cache",
+             _topics, "a comma-separated list of log topics: " + ", ".join(TOPICS)),
+    Variable("GRAPHOPT_BACKEND", "llvm", "the backend jit uses when none is given",
+             _choice(*BACKENDS), " or ".join(BACKENDS)),
     Variable("GRAPHOPT_THREADS", "", "threads a large kernel may split over (default and "
-                                     "most: cores)"),
+                                     "most: cores)", _threads,
+             "a whole number of threads, 1 or more (more than this machine's cores counts as "
+             "its cores; unset: every core)"),
     Variable("GRAPHOPT_VERIFY", "last", "each: jit verifies the traced graph and the graph "
-                                        "after every pass, not only the final one"),
+                                        "after every pass, not only the final one",
+             _choice("last", "each"), "last or each"),
     Variable("GRAPHOPT_CPU", "host", "the CPU kernels are compiled for: an LLVM CPU name, or "
-                                     "host"),
-    Variable("GRAPHOPT_CPU_FEATURES", "", "LLVM CPU features added to the CPU's (+avx2,-fma)"),
+                                     "host (checked by backends/llvm/target.py)", _text,
+             "an LLVM CPU name or host"),
+    Variable("GRAPHOPT_CPU_FEATURES", "", "LLVM CPU features added to the CPU's (+avx2,-fma; "
+                                          "checked by backends/llvm/target.py)", _features,
+             "comma-separated LLVM features, each +name or -name"),
+    Variable("GRAPHOPT_DEBUG", "0", "1: the graphopt command shows an error's traceback",
+             _flag, _FLAG),
 )}
 
 # Values set in code (set_var, override); they win over os.environ.
 _overrides: dict[str, str] = {}
 
 
+def _variable(name: str) -> Variable:
+    try:
+        return VARIABLES[name]
+    except KeyError:
+        raise KeyError(f"{name} is not a graphopt switch; known: {', '.join(VARIABLES)}") \
+            from None
+
+
 def get(name: str) -> str:
-    """The value of a switch: set in code, else from the environment, else its default."""
-    if name not in VARIABLES:
-        raise KeyError(f"{name} is not a graphopt switch; known: {', '.join(VARIABLES)}")
+    """The text of a switch: set in code, else from the environment, else its default."""
+    var = _variable(name)
     if name in _overrides:
         return _overrides[name]
-    return os.environ.get(name, VARIABLES[name].default)
+    return os.environ.get(name, var.default)
+
+
+def _parse(var: Variable, text: str, where: str) -> Any:
+    try:
+        return var.parse(text.strip() or var.default)
+    except _Invalid as e:
+        raise SwitchError(var.name, text, var.allowed, e.problem, where) from None
+
+
+def value(name: str) -> Any:
+    """What a switch means (its row's parser applied to its text); SwitchError if the text is
+    not a value the switch takes."""
+    var = _variable(name)
+    if name in _overrides:
+        return _parse(var, _overrides[name], "set in code")
+    text = os.environ.get(name)
+    return _parse(var, var.default, "") if text is None else \
+        _parse(var, text, "from the environment")
 
 
 def set_var(name: str, value: str | None) -> None:
-    """Set a switch in code (None removes the setting, so the environment counts again)."""
-    get(name)  # checks the name
+    """Set a switch in code (None removes the setting, so the environment counts again);
+    SwitchError, and nothing set, if the switch does not take the value."""
+    var = _variable(name)
     if value is None:
         _overrides.pop(name, None)
     else:
+        _parse(var, str(value), "set in code")
         _overrides[name] = str(value)
 
 
 @contextmanager
 def override(**values: str | None) -> Iterator[None]:
-    """Set switches for the duration of a `with` block."""
+    """Set switches for the duration of a `with` block (all of them, or none: SwitchError)."""
     saved = {name: _overrides.get(name) for name in values}
     try:
         for name, value in values.items():
@@ -107,13 +251,18 @@ def override(**values: str | None) -> Iterator[None]:
             set_var(name, value)
 
 
-def _flag(value: str) -> bool:
-    return value.strip().lower() not in ("0", "false", "no", "off")
+def check() -> None:
+    """Parse every switch now: SwitchError for the first one set to a value it does not take
+    (the `graphopt` command calls it before it does anything)."""
+    for name in VARIABLES:
+        value(name)
 
+
+# ----------------------------------------------------------------------------- each switch
 
 def cache_enabled() -> bool:
     """GRAPHOPT_CACHE: is the on-disk compilation cache on?"""
-    return _flag(get("GRAPHOPT_CACHE"))
+    return value("GRAPHOPT_CACHE")
 
 
 def cache_dir() -> Path:
@@ -121,74 +270,57 @@ def cache_dir() -> Path:
 
     An empty or relative XDG_CACHE_HOME is ignored, as the XDG spec says. Raises RuntimeError
     when no home directory can be found."""
-    explicit = get("GRAPHOPT_CACHE_DIR")
-    if explicit:
-        return Path(explicit).expanduser()
+    explicit = value("GRAPHOPT_CACHE_DIR")
+    if explicit is not None:
+        return explicit
     xdg = os.environ.get("XDG_CACHE_HOME", "")
     if xdg and os.path.isabs(xdg):
         return Path(xdg) / "graphopt"
     return Path.home() / ".cache" / "graphopt"
 
 
-_UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
-
-
 def cache_max_bytes() -> int:
-    """GRAPHOPT_CACHE_MAX_BYTES: a byte count, optionally with K, M, G or T (powers of 1024).
-    Raises ValueError naming the variable when the value is not one."""
-    text = get("GRAPHOPT_CACHE_MAX_BYTES").strip().upper().removesuffix("IB").removesuffix("B")
-    number, unit = (text[:-1], text[-1]) if text[-1:] in _UNITS else (text, "")
-    try:
-        value = int(float(number) * _UNITS[unit])
-    except (ValueError, OverflowError):  # not a number, or inf
-        value = -1
-    if value < 0:
-        raise ValueError(f"GRAPHOPT_CACHE_MAX_BYTES={get('GRAPHOPT_CACHE_MAX_BYTES')!r} is not "
-                         f"a size in bytes (examples: 536870912, 512M, 2G)")
-    return value
+    """GRAPHOPT_CACHE_MAX_BYTES: a byte count, optionally with K, M, G or T (powers of 1024;
+    `512M`, `512MiB`, `1.5G`, `1024B`)."""
+    return value("GRAPHOPT_CACHE_MAX_BYTES")
 
 
 def backend() -> str:
     """GRAPHOPT_BACKEND: the backend `jit` uses when none is given."""
-    return get("GRAPHOPT_BACKEND").strip() or "llvm"
-
-
-@functools.cache
-def _cores() -> int:
-    return os.cpu_count() or 1  # (reads /sys on every call: asked once per process)
+    return value("GRAPHOPT_BACKEND")
 
 
 def threads() -> int:
     """GRAPHOPT_THREADS: how many threads a large kernel may use (default and most: every
     core; a step's threads wait for each other, so more threads than cores could never
     finish)."""
-    cores = _cores()
-    text = get("GRAPHOPT_THREADS").strip()
-    try:
-        return min(max(1, int(text)), cores) if text else cores
-    except ValueError:
-        raise ValueError(f"GRAPHOPT_THREADS={text!r} is not a number of threads") from None
+    return value("GRAPHOPT_THREADS")
 
 
 def verify_each() -> bool:
     """GRAPHOPT_VERIFY=each: verify the input and after every pass, also in jit (slower
     compiles)."""
-    return get("GRAPHOPT_VERIFY").strip().lower() == "each"
+    return value("GRAPHOPT_VERIFY") == "each"
 
 
 def cpu() -> str:
     """GRAPHOPT_CPU: the LLVM CPU name kernels are compiled for (`host`: this machine's)."""
-    return get("GRAPHOPT_CPU").strip() or "host"
+    return value("GRAPHOPT_CPU")
 
 
 def cpu_features() -> str:
     """GRAPHOPT_CPU_FEATURES: LLVM feature flags added to the CPU's, as LLVM spells them."""
-    return ",".join(f.strip() for f in get("GRAPHOPT_CPU_FEATURES").split(",") if f.strip())
+    return value("GRAPHOPT_CPU_FEATURES")
+
+
+def debug() -> bool:
+    """GRAPHOPT_DEBUG: should the `graphopt` command show the traceback of an error?"""
+    return value("GRAPHOPT_DEBUG")
 
 
 def log_topics() -> frozenset[str]:
     """GRAPHOPT_LOG: the set of enabled log topics."""
-    return frozenset(t.strip().lower() for t in get("GRAPHOPT_LOG").split(",") if t.strip())
+    return value("GRAPHOPT_LOG")
 
 
 class _StderrHandler(logging.StreamHandler):

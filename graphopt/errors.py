@@ -76,6 +76,16 @@ class TargetError(GraphoptError, ValueError):
     whose code this host cannot run: refused before any of its code is loaded."""
 
 
+class SwitchError(GraphoptError, ValueError):
+    """A GRAPHOPT_* switch (envvars.py) set to a value it does not take; the message names the
+    switch, the value, where it was set and what is allowed (`allowed`)."""
+
+    def __init__(self, name: str, value: str, allowed: str, problem: str = "", where: str = ""):
+        self.name, self.value, self.allowed = name, value, allowed
+        super().__init__(f"{name}={value!r}{f' ({where})' if where else ''}: "
+                         f"{problem + '; ' if problem else ''}expected {allowed}")
+
+
 class OptimizerError(GraphoptError, ValueError):
     """Bad input to an optimizer, a schedule, a loss scaler or a checkpoint: a hyper-parameter
     out of range, a gradient of the wrong shape or dtype, a parameter in two groups. The

@@ -147,11 +147,8 @@ def cache_dir() -> Path | None:
 
 
 def max_bytes() -> int:
-    try:
-        return envvars.cache_max_bytes()
-    except ValueError as e:
-        _warn_once("setting", f"{e}; using the default, 512 MiB")
-        return 512 << 20
+    """GRAPHOPT_CACHE_MAX_BYTES (SwitchError if it is not a size: a switch is never guessed)."""
+    return envvars.cache_max_bytes()
 
 
 def unsafe_reason(path: Path) -> str | None:
