@@ -408,7 +408,23 @@ def bind_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
         bound = sig.bind(*args, **kwargs)
     except TypeError as e:
         raise SignatureError(f"{getattr(fn, '__name__', 'step')}(): {e}") from None
-    return dict(bound.arguments)
+    arguments = bound.arguments
+    params = sig.parameters.values()
+    if not any(p.kind in (p.VAR_POSITIONAL, p.VAR_KEYWORD) for p in params):
+        return dict(arguments)
+    # `*args` is a tuple and `**kwargs` a dict even when empty (the structure does not depend
+    # on whether the call had any); the dict's names sorted: their order in a call changes
+    # no argument.
+    out = {}
+    for p in params:
+        if p.kind is p.VAR_POSITIONAL:
+            out[p.name] = arguments.get(p.name, ())
+        elif p.kind is p.VAR_KEYWORD:
+            extra = arguments.get(p.name, {})
+            out[p.name] = {k: extra[k] for k in sorted(extra)}
+        elif p.name in arguments:
+            out[p.name] = arguments[p.name]
+    return out
 
 
 def leaf_spec(x: Any, path: str) -> tuple:
@@ -466,7 +482,8 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
         kinds.append("arg")
     call_args = pytree.unflatten(in_tree, proxies)
     with tracing(trace):
-        result = fn(**call_args) if _binds_by_name(fn) else fn(*call_args.values())
+        pos, kw = _call_arguments(fn, call_args)
+        result = fn(*pos, **kw)
         out_leaves, out_paths, out_tree = pytree.flatten(result)
         outputs = []
         for leaf, path in zip(out_leaves, out_paths):
@@ -479,13 +496,23 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
     return Traced(graph, in_tree, out_tree, kinds, dict(trace.params))
 
 
-def _binds_by_name(fn: Callable) -> bool:
-    """Whether the bound arguments can be passed back by keyword (no *args, no positional-only)."""
+def _call_arguments(fn: Callable, bound: dict[str, Any]) -> tuple[tuple, dict]:
+    """The positional and keyword arguments that bind to `bound` again (bind_arguments'
+    result, its leaves replaced by tracers): a `*args` tuple is spread, a `**kwargs` dict
+    passed by name, as in the user's call."""
+    sig = None
     try:
-        params = inspect.signature(fn).parameters.values()
-    except (TypeError, ValueError):
-        return False
-    return all(p.kind in (p.POSITIONAL_OR_KEYWORD, p.KEYWORD_ONLY) for p in params)
+        sig = _signature(fn)
+    except TypeError:  # an unhashable callable
+        pass
+    if sig is None:  # no signature: bind_arguments named them arg0, arg1, ..., then kwargs
+        n = 0
+        while f"arg{n}" in bound:
+            n += 1
+        pos = [f"arg{i}" for i in range(n)]
+        return tuple(bound[k] for k in pos), {k: v for k, v in bound.items() if k not in pos}
+    ba = inspect.BoundArguments(sig, dict(bound))  # type: ignore[arg-type]
+    return ba.args, ba.kwargs
 
 
 def trace(fn: Callable, *args: Any, **kwargs: Any) -> Graph:
