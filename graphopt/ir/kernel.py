@@ -39,7 +39,8 @@ import numpy as np
 
 from ..errors import ExecutionError, OpTypeError
 from .graph import Graph, Node, Value
-from .registry import EFFECT, KERNEL, OpDef, get_op, register
+from .registry import (EFFECT, INTS_ATTR, KERNEL, SHAPES_ATTR, STRINGS_ATTR, OpDef, get_op,
+                       register)
 from .types import TensorType, Type, token
 
 REDUCTIONS = {"sum": np.sum, "max": np.max, "mean": np.mean}
@@ -60,6 +61,7 @@ def _kernel_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 register(OpDef("store", EFFECT, _store_infer,
                doc="store %xi, v (kernel bodies only): write v into operand i's buffer"))
 register(OpDef("kernel", KERNEL, _kernel_infer, attrs=("spaces", "outputs", "shared"),
+               attr_kinds=(SHAPES_ATTR, STRINGS_ATTR, INTS_ATTR),
                doc="a fused elementwise region; see graphopt/ir/kernel.py"))
 
 
@@ -136,15 +138,19 @@ def infer_types(node: Node) -> list[Type]:
         return get_op(node.op).infer([v.type for v in node.inputs], node.attrs)
     body, attrs = node.body, node.attrs
     lay = layout(node)
+    if not lay.instances:
+        raise OpTypeError("kernel: spaces=[]: a kernel has an iteration space per instance, "
+                          "and at least one instance")
     kinds = list(attrs["outputs"])
     if len(kinds) != lay.body_outputs or any(k not in OUTPUT_KINDS for k in kinds):
         raise OpTypeError(f"kernel: outputs={kinds} must give one of {list(OUTPUT_KINDS)} per "
                           f"body output ({lay.body_outputs})")
     if any(not 0 <= j < lay.body_inputs for j in lay.shared) or \
+            len(set(lay.shared)) != len(lay.shared) or \
             len(node.inputs) != lay.instances * len(lay.per_instance) + len(lay.shared):
         raise OpTypeError(f"kernel: {len(node.inputs)} operands do not fit {lay.instances} "
                           f"instance(s) of a body with {lay.body_inputs} inputs, shared "
-                          f"{list(lay.shared)}")
+                          f"{list(lay.shared)} (distinct body inputs)")
     targets = {j for j, _ in stores(body)}
     spaces = [tuple(space) for space in attrs["spaces"]]
     if not _operands_fit(node, lay, spaces, targets):

@@ -19,9 +19,10 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import OpTypeError
-from .registry import (CONSTANT, CONTROL, EFFECT, ELEMENTWISE, INDEX, LINALG, NN, REDUCTION,
-                       SHAPE, OpDef, VjpRule, register)
-from .types import DType, TensorType, Type, bf16, bool_, f16, to_dtype, token
+from .registry import (BOOL_ATTR, CONSTANT, CONTROL, DTYPE_ATTR, EFFECT, ELEMENTWISE, INDEX,
+                       INT_ATTR, INTS_ATTR, LINALG, NN, REDUCTION, SHAPE, SHAPE_ATTR, VALUE_ATTR,
+                       OpDef, VjpRule, register)
+from .types import DType, TensorType, Type, bf16, bool_, f16, to_dtype, token, value_problem
 
 NUM = ("float", "int")
 FLOAT = ("float",)
@@ -166,6 +167,7 @@ def _cast_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 
 register(OpDef("cast", ELEMENTWISE, _cast_infer,
                lambda x, dtype: x.astype(to_dtype(dtype).np_dtype), attrs=("dtype",),
+               attr_kinds=(DTYPE_ATTR,),
                doc="convert to dtype (floats to ints truncate toward zero, like numpy)",
                fixed_dtype=True,
                lower=lambda e, x, dtype: e.cast(x, e.in_dtypes[0], to_dtype(dtype)),
@@ -206,7 +208,8 @@ def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...],
             return impl(x.astype(np.float32), axis=tuple(axes), keepdims=keepdims).astype(x.dtype)
         return impl(x, axis=tuple(axes), keepdims=keepdims)
 
-    return register(OpDef(name, REDUCTION, infer, run, attrs=("axes", "keepdims"), vjp=(vjp,)))
+    return register(OpDef(name, REDUCTION, infer, run, attrs=("axes", "keepdims"), vjp=(vjp,),
+                          attr_kinds=(INTS_ATTR, BOOL_ATTR)))
 
 
 _HALVES = (f16.np_dtype, bf16.np_dtype)
@@ -262,12 +265,15 @@ def _transpose_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]
 
 register(OpDef("reshape", SHAPE, _reshape_infer,
                lambda x, shape: np.reshape(x, tuple(shape)), attrs=("shape",),
+               attr_kinds=(SHAPE_ATTR,),
                vjp=(lambda ct, out, x, shape: ops.reshape(ct, x.shape),)))
 register(OpDef("broadcast_to", SHAPE, _broadcast_to_infer,
                lambda x, shape: np.broadcast_to(x, tuple(shape)), attrs=("shape",),
+               attr_kinds=(SHAPE_ATTR,),
                vjp=(_identity_vjp,)))  # ct has the broadcast shape: autodiff sums it back
 register(OpDef("transpose", SHAPE, _transpose_infer,
                lambda x, perm: np.transpose(x, tuple(perm)), attrs=("perm",),
+               attr_kinds=(INTS_ATTR,),
                vjp=(lambda ct, out, x, perm: ops.transpose(ct, tuple(np.argsort(perm))),)))
 
 
@@ -333,6 +339,9 @@ def _constant_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         raise OpTypeError(f"constant: value of shape {list(value.shape)} for type {t}")
     if not isinstance(value, (np.ndarray, bool, int, float)):
         raise OpTypeError(f"constant: value {value!r} is not a number or an array")
+    problem = value_problem(value, t.dtype)
+    if problem is not None:
+        raise OpTypeError(f"constant: {problem}")
     return [t]
 
 
@@ -353,6 +362,7 @@ def _constant_impl(value: Any, shape: tuple[int, ...], dtype: Any) -> np.ndarray
 
 register(OpDef("constant", CONSTANT, _constant_infer, _constant_impl,
                attrs=("value", "shape", "dtype"), type_attrs=("shape", "dtype"),
+               attr_kinds=(VALUE_ATTR, SHAPE_ATTR, DTYPE_ATTR),
                fixed_dtype=True,
                doc="a scalar value filled over the shape, or an array of exactly the shape"))
 
@@ -368,7 +378,7 @@ def _assign_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 def _depend_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     if len(types) != 1:
         raise OpTypeError(f"depend takes 1 input (and after edges), got {len(types)}")
-    return [types[0]]
+    return list(_tensors("depend", types, 1))
 
 
 register(OpDef("assign", EFFECT, _assign_infer,
@@ -433,6 +443,7 @@ def _log_softmax_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Typ
 
 
 register(OpDef("log_softmax", NN, _log_softmax_infer, _log_softmax, attrs=("axis",),
+               attr_kinds=(INT_ATTR,),
                doc="x - log(sum(exp(x), axis, keepdims)), computed stably",
                vjp=(lambda ct, out, x, axis:
                     ct - ops.exp(out) * ops.sum(ct, axis, keepdims=True),)))

@@ -23,11 +23,14 @@ descent parser, one method per grammar rule, builds the Graph. Grammar (EBNF; wh
     PARAM      = "@" (ident | STRING) ;                 ARG = "%" (ident | STRING) ;
     ident      = { letter | digit | "_" | "." }- ;
     NAME       = (letter | "_") { letter | digit | "_" | "." } ;
-    NUMBER     = INT | FLOAT | "-inf" ;                 STRING = a JSON string literal ;
+    NUMBER     = INT | FLOAT | "-inf" ;                 (* digits are ASCII 0-9 *)
+    STRING     = a JSON string literal ;
 
 Names are looked up only after the whole graph is read, so text may use a value before the
 line that defines it (or make a cycle): the parser builds such a graph and the verifier, not
-the parser, rejects it. Every other mistake raises ParseError with the line and column.
+the parser, rejects it. Every other mistake raises ParseError with the line and column, and
+so does nesting deeper than MAX_DEPTH (lists, kernel bodies), which would otherwise exhaust
+Python's stack: parsing is total, any str gives a Graph or a ParseError.
 """
 from __future__ import annotations
 
@@ -38,11 +41,11 @@ from typing import Any, Callable, TypeVar
 
 import numpy as np
 
-from ..errors import ParseError
+from ..errors import ParseError, ParseInputError
 from .graph import Graph, Location, Node, Value
 from .opdefs import constant_value
 from .registry import REGISTRY
-from .types import DTYPES, TensorType, Type, token
+from .types import DTYPES, TensorType, Type, token, value_problem
 
 _STRING = r'"(?:[^"\\\n]|\\.)*"'
 _TOKEN = re.compile(rf"""
@@ -50,12 +53,16 @@ _TOKEN = re.compile(rf"""
   | (?P<NL>\n)
   | (?P<STRING>{_STRING})
   | (?P<VALUE>[%@](?:[\w.]+|{_STRING}))
-  | (?P<NUMBER>-inf(?![\w.])|-?\d+(?:\.\d*)?(?:[eE][+-]?\d+)?)
+  | (?P<NUMBER>-inf(?![\w.])|-?[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)
   | (?P<NAME>[A-Za-z_][\w.]*)
   | (?P<PUNCT>[=,:{{}}\[\]()])
 """, re.VERBOSE)
 
 X = TypeVar("X")
+
+# How deep lists (`[[...]]`) and kernel bodies may nest: numpy's 64 dimensions, far more than
+# any graph has (a kernel body holds no kernel), few enough for Python's stack.
+MAX_DEPTH = 64
 
 # Bare words an attribute value may be, besides the dtype names.
 _WORDS = {"true": True, "false": False, "nan": float("nan"), "inf": float("inf")}
@@ -70,7 +77,13 @@ class Token:
 
 
 def parse(text: str) -> Graph:
-    """Read a graph from its text form; raise ParseError (with line and column) if malformed."""
+    """Read a graph from its text form; raise ParseError (with line and column) if malformed,
+    ParseInputError (a TypeError) if `text` is not a str."""
+    if not isinstance(text, str):
+        hint = " (decode it first: data.decode())" if isinstance(text, (bytes, bytearray)) \
+            else ""
+        raise ParseInputError(f"parse takes the text of a graph as a str, got "
+                              f"{type(text).__name__}{hint}")
     return _Parser(text).graph()
 
 
@@ -89,6 +102,8 @@ class _Parser:
             if m is None:
                 what = "unterminated string" if text[pos] == '"' else f"unexpected {text[pos]!r}"
                 raise self.error(what, Token("?", "", line, col))
+            if m.lastgroup in ("STRING", "VALUE") and m.group().endswith('"'):
+                self._check_string(m.group(), Token(m.lastgroup, m.group(), line, col))
             if m.lastgroup != "SKIP":
                 tokens.append(Token(m.lastgroup, m.group(), line, col))
             if m.lastgroup == "NL":
@@ -96,6 +111,16 @@ class _Parser:
             pos = m.end()
         tokens.append(Token("EOF", "", line, pos - line_start + 1))
         return tokens
+
+    def _check_string(self, text: str, tok: Token) -> None:
+        """A string is a JSON string literal: valid escapes, no raw control characters."""
+        start = text.index('"')
+        try:
+            json.loads(text[start:])
+        except json.JSONDecodeError as e:
+            what = e.msg.removesuffix(" at").lower()
+            at = Token(tok.kind, tok.text, tok.line, tok.col + start + e.pos)
+            raise self.error(f"bad string: {what} (strings are JSON strings)", at) from None
 
     def error(self, message: str, tok: Token) -> ParseError:
         return ParseError(message, tok.line, tok.col, self.lines[tok.line - 1])
@@ -164,12 +189,12 @@ class _Parser:
         graph = Graph(json.loads(tok.text) if tok.kind == "STRING" else tok.text)
         self.expect("{")
         self.end_of_line()
-        self.body(graph)
+        self.body(graph, 0)
         self.skip_newlines()
         self.expect_kind("EOF", "the end of the text")
         return graph
 
-    def body(self, graph: Graph) -> None:
+    def body(self, graph: Graph, depth: int) -> None:
         """Read input and node lines into `graph` up to and including its closing `}`.
 
         A kernel node's region is a body too (its own inputs, nodes and return, its own names):
@@ -184,7 +209,7 @@ class _Parser:
                 tok, value = self.input(graph)
                 self.define(names, tok, value)
             else:
-                results, node, operands = self.node(graph)
+                results, node, operands = self.node(graph, depth)
                 for tok, value in zip(results, node.outputs):
                     self.define(names, tok, value)
                 uses += [(node.inputs, operands[0]), (node.after, operands[1])]
@@ -214,7 +239,8 @@ class _Parser:
         self.expect(":")
         return tok, graph.add_input(kind, _key(tok)[1:], self.type())
 
-    def node(self, graph: Graph) -> tuple[list[Token], Node, tuple[list[Token], list[Token]]]:
+    def node(self, graph: Graph, depth: int) -> tuple[list[Token], Node,
+                                                      tuple[list[Token], list[Token]]]:
         """One node line. Returns its result names, the node (inputs and after edges still
         empty) and the tokens naming its inputs and after edges, for `body` to resolve."""
         results = self.values() if self.peek().kind == "VALUE" else []
@@ -250,10 +276,12 @@ class _Parser:
                                  f"do not write it", raw_attrs[name][0])
             attrs[name] = getattr(types[0], name)
         node = graph.add_node(op.name, (), attrs, loc=loc, out_types=types)
-        if self.accept("{"):  # a kernel's body: a region with its own inputs and names
+        if self.at("{"):  # a kernel's body: a region with its own inputs and names
+            self.nest(depth, "kernel bodies")
+            self.next()
             self.end_of_line()
             node.body = Graph(op.name)
-            self.body(node.body)
+            self.body(node.body, depth + 1)
         return results, node, (inputs, after)
 
     def attr_data(self, tok: Token, value: Any, types: list[Type] | None) -> Any:
@@ -261,15 +289,21 @@ class _Parser:
         tuples of int), except in an op typed by its attributes (`types` given: constant),
         where a list is array data of the result type and a number is rounded to it, as the
         tracer stores it (so equal constants have equal attributes)."""
+        if types is not None and isinstance(value, (bool, int, float, list)):
+            problem = value_problem(value, types[0].dtype)  # before rounding it to the dtype
+            if problem is not None:
+                raise self.error(f"constant: {problem}", tok)
         if types is not None and isinstance(value, (bool, int, float)):
-            return constant_value(value, types[0].dtype)
+            with np.errstate(over="ignore"):  # 1e39 in an f32 is inf, as numpy rounds it
+                return constant_value(value, types[0].dtype)
         if not isinstance(value, list):
             return value
         if types is None:
             return _tuples(value)
         t = types[0]
         try:
-            a = np.array(value, dtype=t.dtype.np_dtype)
+            with np.errstate(over="ignore"):
+                a = np.array(value, dtype=t.dtype.np_dtype)
         except (ValueError, TypeError) as e:
             raise self.error(f"this value is not an array of {t.dtype}: {e}", tok) from None
         # [] prints for every empty array, whatever its shape; give it the shape of the type.
@@ -309,10 +343,13 @@ class _Parser:
             attrs[key.text] = (key, self.peek(), self.attr())
         return attrs
 
-    def attr(self) -> Any:
-        tok = self.next()
+    def attr(self, depth: int = 0) -> Any:
+        tok = self.peek()
+        if tok.text == "[" and tok.kind == "PUNCT":
+            self.nest(depth, "lists")
+        self.next()
         if tok.kind == "NUMBER":
-            return _number(tok.text)
+            return self.number(tok)
         if tok.kind == "STRING":
             return json.loads(tok.text)
         if tok.kind == "NAME" and tok.text in _WORDS:
@@ -323,7 +360,7 @@ class _Parser:
             raise self.error(f"unknown dtype or attribute value '{tok.text}' (dtypes: "
                              f"{', '.join(DTYPES)}; other words: {', '.join(_WORDS)})", tok)
         if tok.text == "[":
-            return self.until("]", self.attr, "in the list")
+            return self.until("]", lambda: self.attr(depth + 1), "in the list")
         raise self.error(f"expected an attribute value, found {_show(tok)}", tok)
 
     # -- types ----------------------------------------------------------------------------------
@@ -341,19 +378,30 @@ class _Parser:
 
     def integer(self, what: str) -> int:
         tok = self.peek()
-        if tok.kind != "NUMBER" or not re.fullmatch(r"\d+", tok.text):
+        if tok.kind != "NUMBER" or not re.fullmatch(r"[0-9]+", tok.text):
             raise self.error(f"expected {what}, found {_show(tok)}", tok)
-        return int(self.next().text)
+        return self.number(self.next())
+
+    def number(self, tok: Token) -> int | float:
+        text = tok.text
+        if any(c in text for c in ".eEi"):
+            return float(text)  # (past f64's range: inf, as in Python)
+        try:
+            return int(text)
+        except ValueError:  # more digits than Python converts (sys.get_int_max_str_digits)
+            raise self.error(f"an integer of {len(text.lstrip('-'))} digits is too long",
+                             tok) from None
+
+    def nest(self, depth: int, what: str) -> None:
+        """Refuse to open a level past MAX_DEPTH: the parser would run out of stack."""
+        if depth >= MAX_DEPTH:
+            raise self.error(f"{what} nest more than {MAX_DEPTH} deep", self.peek())
 
 
 def _key(tok: Token) -> str:
     """The name a %name or @name token defines or uses: `%"a b"` and `%a` spellings agree."""
     rest = tok.text[1:]
     return tok.text[0] + (json.loads(rest) if rest.startswith('"') else rest)
-
-
-def _number(text: str) -> int | float:
-    return float(text) if any(c in text for c in ".eEi") else int(text)
 
 
 def _tuples(x: Any) -> Any:

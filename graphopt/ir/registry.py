@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import GraphoptError, OpTypeError
-from .types import TensorType, Type, bf16, f16
+from .types import DTYPES, DType, TensorType, Type, bf16, f16
 
 # Categories that passes match on.
 ELEMENTWISE = "elementwise"
@@ -28,6 +28,59 @@ INDEX = "index"  # gather / scatter_add: data-dependent addressing along axis 0
 NN = "nn"  # composite network ops with a fused numpy reference: log_softmax, losses
 CATEGORIES = (ELEMENTWISE, REDUCTION, SHAPE, LINALG, CONSTANT, EFFECT, CONTROL, KERNEL, INDEX,
               NN)
+
+
+@dataclass(frozen=True)
+class AttrKind:
+    """The values an attribute takes, declared with its op (OpDef.attr_kinds) and checked by
+    the verifier before the type rule reads them: `test(x)` says whether x has the form
+    (`what` names it in the error), `detail(x)` what else is wrong with it, or None."""
+
+    what: str
+    test: Callable[[Any], bool]
+    detail: Callable[[Any], str | None] = lambda x: None
+
+    def problem(self, x: Any) -> str | None:
+        return f"must be {self.what}" if not self.test(x) else self.detail(x)
+
+
+def _is_int(x: Any) -> bool:
+    """An integer; a bool is not one (nor is 1.0)."""
+    return isinstance(x, (int, np.integer)) and not isinstance(x, (bool, np.bool_))
+
+
+def _is_ints(x: Any) -> bool:
+    return isinstance(x, (tuple, list)) and all(map(_is_int, x))
+
+
+def _int64_problem(ints: Any) -> str | None:
+    if any(not -2**63 <= i < 2**63 for i in ints):
+        return "holds an integer out of the range of int64"
+    return None
+
+
+def _distinct(shapes: Any) -> set[tuple]:
+    """The distinct shapes of a list of them, in C loops: a kernel has thousands of spaces."""
+    return set(shapes) if set(map(type, shapes)) <= {tuple} else set(map(tuple, shapes))
+
+
+def _is_shapes(x: Any) -> bool:
+    return isinstance(x, (tuple, list)) and set(map(type, x)) <= {tuple, list} and \
+        all(map(_is_ints, _distinct(x)))
+
+
+# The kinds of attribute values (the text form reads a list as a tuple; code may use lists).
+BOOL_ATTR = AttrKind("true or false", lambda x: isinstance(x, (bool, np.bool_)))
+INT_ATTR = AttrKind("an integer", _is_int, lambda x: _int64_problem([x]))
+INTS_ATTR = AttrKind("a list of integers", _is_ints, _int64_problem)
+SHAPE_ATTR = AttrKind("a shape (a list of integers >= 0)", _is_ints)
+SHAPES_ATTR = AttrKind("a list of shapes", _is_shapes)
+DTYPE_ATTR = AttrKind(f"a dtype ({', '.join(DTYPES)})", lambda x: isinstance(x, DType))
+STRINGS_ATTR = AttrKind("a list of strings", lambda x: isinstance(x, (tuple, list)) and
+                        all(isinstance(e, str) for e in x))
+VALUE_ATTR = AttrKind("a number or an array",
+                      lambda x: isinstance(x, (np.ndarray, bool, int, float)))
+
 
 # A VJP rule: rule(ct, out, *inputs, **attrs) -> the gradient for one input, built with
 # graphopt.ops (so the backward graph is ordinary nodes). ct is the cotangent of the output.
@@ -45,6 +98,8 @@ class OpDef:
     infer: Callable[[Sequence[Type], dict[str, Any]], list[Type]]
     impl: Callable[..., Any] | None = None
     attrs: tuple[str, ...] = ()
+    # The kind of each attribute, in the order of `attrs` (the verifier checks them).
+    attr_kinds: tuple[AttrKind, ...] = ()
     # Attributes read off the printed result type instead of printed (shape, dtype).
     type_attrs: tuple[str, ...] = ()
     doc: str = ""
@@ -68,6 +123,7 @@ REGISTRY: dict[str, OpDef] = {}
 def register(op: OpDef) -> OpDef:
     assert op.category in CATEGORIES, op.category
     assert op.name not in REGISTRY, f"op {op.name} declared twice"
+    assert len(op.attr_kinds) == len(op.attrs), f"op {op.name}: declare a kind per attribute"
     REGISTRY[op.name] = op
     return op
 
@@ -95,6 +151,19 @@ def check_attrs(op: OpDef, attrs: dict[str, Any]) -> None:
             parts.append(f"unknown {', '.join(sorted(extra))}")
         raise OpTypeError(f"{op.name}: attributes {'; '.join(parts)} "
                           f"(expects {', '.join(op.attrs) or 'none'})")
+
+
+def check_attr_kinds(op: OpDef, attrs: dict[str, Any]) -> None:
+    """Every attribute is of its declared kind (check_attrs has found them all)."""
+    for name, kind in zip(op.attrs, op.attr_kinds):
+        problem = kind.problem(attrs[name])
+        if problem is not None:
+            from .printer import format_attr
+            try:
+                shown = format_attr(attrs[name])
+            except TypeError:  # not a kind of value the text form has
+                shown = repr(attrs[name])
+            raise OpTypeError(f"{op.name}: attribute '{name}' {problem}, got {shown}")
 
 
 _HALVES = (f16.np_dtype, bf16.np_dtype)

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Iterator
 
 import ml_dtypes
 import numpy as np
@@ -97,6 +98,72 @@ class TensorType:
 
     def __str__(self) -> str:
         return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
+
+
+def value_problem(value: object, dtype: DType) -> str | None:
+    """What keeps `value` (a number, a nested list of numbers, an array) from being values of
+    the dtype, element by element, or None: an int dtype takes integers in its range (not
+    NaN, inf or a fraction), bool takes 0, 1, true and false, a float dtype any number
+    (rounded to it, as numpy rounds)."""
+    if isinstance(value, np.ndarray):
+        return _array_problem(value, dtype)
+    return next(filter(None, (_scalar_problem(x, dtype) for x in _leaves(value))), None)
+
+
+def _leaves(x: object) -> Iterator[object]:
+    if isinstance(x, (list, tuple)):
+        for e in x:
+            yield from _leaves(e)
+    else:
+        yield x
+
+
+def _int_range(d: DType) -> tuple[int, int]:
+    info = np.iinfo(d.np_dtype)
+    return int(info.min), int(info.max)
+
+
+def _scalar_problem(x: object, d: DType) -> str | None:
+    if not isinstance(x, (bool, int, float, np.bool_, np.integer, np.floating)):
+        return f"{x!r} is not a number"
+    if d.kind == "bool":
+        return None if x in (0, 1) else f"{_show_number(x)} is not a bool (true, false, 0, 1)"
+    if d.kind == "float":
+        try:
+            float(x)
+        except OverflowError:  # an int past f64's range
+            return f"{_show_number(x)} is out of the range of {d}"
+        return None
+    if isinstance(x, (float, np.floating)) and not (math.isfinite(x) and x == int(x)):
+        return f"{_show_number(x)} is not an integer, so not an {d}"
+    lo, hi = _int_range(d)
+    if not lo <= int(x) <= hi:
+        return f"{_show_number(x)} is out of the range of {d} [{lo}, {hi}]"
+    return None
+
+
+def _show_number(x: object) -> str:
+    if isinstance(x, (int, np.integer)) and abs(int(x)).bit_length() > 64:
+        return f"an integer of about 2**{abs(int(x)).bit_length() - 1}"
+    return repr(x.item() if isinstance(x, np.generic) else x)
+
+
+def _array_problem(a: np.ndarray, d: DType) -> str | None:
+    if a.dtype == d.np_dtype or a.size == 0:
+        return None
+    floats = a.dtype.kind == "f" or a.dtype == bf16.np_dtype
+    if a.dtype.kind not in "biu" and not floats:
+        return f"an array of {a.dtype} is not an array of numbers"
+    if d.kind == "float":
+        return None
+    if floats:
+        a = a.astype(np.float64)
+        if not np.isfinite(a).all() or (a != np.trunc(a)).any():
+            return f"an array with NaN, inf or a fraction is not an array of {d}"
+    lo, hi = (0, 1) if d.kind == "bool" else _int_range(d)
+    if a.min() < lo or a.max() >= hi + 1:  # (hi + 1, a power of 2, is exact in f64)
+        return f"an array with values outside [{lo}, {hi}] is not an array of {d}"
+    return None
 
 
 @dataclass(frozen=True)

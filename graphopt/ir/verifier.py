@@ -3,8 +3,11 @@
 Each violation raises a VerifyError naming the rule and the node:
 
   known-op           every node's op is in the registry, with the attributes it declares
+  attr-kind          every attribute is of the kind its op declares (OpDef.attr_kinds): an
+                     integer is an int, a flag a bool, a shape a list of ints >= 0
   types              every node's output types are what the op's type rule gives (a kernel's
-                     come from its body)
+                     come from its body; a constant's value is one of its dtype's); a token
+                     is never data, also not in a return
   unique-names       graph inputs have distinct names
   defined-before-use every value is defined (by an input or an earlier node) before it is used
   acyclic            no value depends on itself (reported apart from misordering)
@@ -27,8 +30,9 @@ from ..errors import GraphoptError, VerifyError
 from .analysis import live_nodes, producers, unordered_readers
 from .graph import Graph, Node, Value
 from .kernel import infer_types, stores, written
-from .printer import Namer, format_node
-from .registry import CONSTANT, ELEMENTWISE, REGISTRY, check_attrs
+from .printer import Namer, format_node, value_names
+from .registry import CONSTANT, ELEMENTWISE, REGISTRY, check_attr_kinds, check_attrs
+from .types import TensorType, TokenType
 
 Fail = Callable[[str, "Node | None", str], None]
 
@@ -40,10 +44,14 @@ def _describe(node: Node, graph: Graph) -> str:
         name.define(v)
     for n in graph.nodes:
         if n is node:
-            return f"`{format_node(n, name)}`"
+            try:
+                return f"`{format_node(n, name)}`"
+            except TypeError:  # an attribute the text form has no spelling for
+                return repr(node)
         for v in n.outputs:
             name.define(v)
     return repr(node)
+
 
 
 def verify(graph: Graph) -> None:
@@ -62,6 +70,8 @@ def _verify(graph: Graph, region: bool) -> None:
         if v.name in names:
             fail("unique-names", None, f"graph input '{v.name}' is declared twice")
         names.add(v.name)
+        if not isinstance(v.type, TensorType):
+            fail("types", None, f"graph input '{v.name}' is a {v.type}; inputs are tensors")
 
     producer = producers(graph)
     defined: set[Value] = set(graph.inputs)
@@ -77,6 +87,10 @@ def _verify(graph: Graph, region: bool) -> None:
     for v in graph.returned():
         if v not in defined:
             fail("defined-before-use", None, "the return uses a value not defined in this graph")
+    for v in graph.outputs:
+        if isinstance(v.type, TokenType):
+            fail("types", None, f"the return gives the token {value_names(graph).get(v, '?')} "
+                                f"as data; a token orders, in after(...)")
     if region:
         _check_body(graph, fail)
     else:
@@ -91,6 +105,10 @@ def _check_node(node: Node, fail: Fail, region: bool) -> None:
         check_attrs(op, node.attrs)
     except GraphoptError as e:
         fail("known-op", node, e.message)
+    try:
+        check_attr_kinds(op, node.attrs)
+    except GraphoptError as e:
+        fail("attr-kind", node, e.message)
     if (node.body is None) != (node.op != "kernel"):
         fail("kernel-body", node, "a kernel node needs a body, and only a kernel has one")
     if node.op == "store" and not region:
