@@ -8,8 +8,8 @@ from graphopt.errors import VerifyError
 from graphopt.ir import parse
 
 FILES = sorted((Path(__file__).parent / "ir" / "verify").glob("*.ir"))
-RULES = {"types", "known-op", "attr-kind", "acyclic", "defined-before-use", "assign-target",
-         "one-assign", "write-after-read", "unique-names"}
+RULES = {"types", "known-op", "attr-kind", "size", "acyclic", "defined-before-use",
+         "assign-target", "one-assign", "write-after-read", "unique-names"}
 
 
 def expectation(path: Path) -> str:

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import GraphoptError, OpTypeError
-from .types import DTYPES, DType, TensorType, Type, bf16, f16
+from .types import DTYPES, DType, TensorType, Type, bf16, f16, shape_problem
 
 # Categories that passes match on.
 ELEMENTWISE = "elementwise"
@@ -69,12 +69,21 @@ def _is_shapes(x: Any) -> bool:
         all(map(_is_ints, _distinct(x)))
 
 
+def _shapes_problem(shapes: Any, what: str = "holds a shape") -> str | None:
+    for shape in _distinct(shapes):
+        problem = shape_problem(shape)
+        if problem is not None:
+            return f"{what} with {problem}"
+    return None
+
+
 # The kinds of attribute values (the text form reads a list as a tuple; code may use lists).
 BOOL_ATTR = AttrKind("true or false", lambda x: isinstance(x, (bool, np.bool_)))
 INT_ATTR = AttrKind("an integer", _is_int, lambda x: _int64_problem([x]))
 INTS_ATTR = AttrKind("a list of integers", _is_ints, _int64_problem)
-SHAPE_ATTR = AttrKind("a shape (a list of integers >= 0)", _is_ints)
-SHAPES_ATTR = AttrKind("a list of shapes", _is_shapes)
+SHAPE_ATTR = AttrKind("a shape (a list of integers >= 0)", _is_ints,
+                      lambda x: _shapes_problem([x], "is a shape"))
+SHAPES_ATTR = AttrKind("a list of shapes", _is_shapes, _shapes_problem)
 DTYPE_ATTR = AttrKind(f"a dtype ({', '.join(DTYPES)})", lambda x: isinstance(x, DType))
 STRINGS_ATTR = AttrKind("a list of strings", lambda x: isinstance(x, (tuple, list)) and
                         all(isinstance(e, str) for e in x))

@@ -100,6 +100,30 @@ class TensorType:
         return f"{self.dtype.name}[{','.join(map(str, self.shape))}]"
 
 
+# The limits of a tensor, which the verifier checks: numpy's 64 dimensions, and dimensions and
+# sizes that a signed 64-bit integer holds (numpy and the LLVM backend index and offset in
+# int64: past it a size wraps, and a kernel over f32[10**26] loops zero times).
+MAX_NDIM = 64
+MAX_SIZE = 2**63 - 1
+
+
+def shape_problem(shape: tuple[int, ...], itemsize: int = 1) -> str | None:
+    """What is wrong with a shape, or None: its dimensions are integers >= 0, at most
+    MAX_NDIM of them, and its elements times `itemsize` (a tensor's bytes) at most MAX_SIZE."""
+    if len(shape) > MAX_NDIM:
+        return f"{len(shape)} dimensions (at most {MAX_NDIM})"
+    if any(d < 0 for d in shape):
+        return "a negative dimension"
+    big = next((d for d in shape if d > MAX_SIZE), None)
+    if big is not None:
+        return f"a dimension of about 2**{big.bit_length() - 1} (at most 2**63-1)"
+    size = math.prod(shape) * itemsize
+    if size > MAX_SIZE:
+        what = "bytes" if itemsize > 1 else "elements"
+        return f"about 2**{size.bit_length() - 1} {what} (at most 2**63-1)"
+    return None
+
+
 def value_problem(value: object, dtype: DType) -> str | None:
     """What keeps `value` (a number, a nested list of numbers, an array) from being values of
     the dtype, element by element, or None: an int dtype takes integers in its range (not

@@ -5,6 +5,8 @@ Each violation raises a VerifyError naming the rule and the node:
   known-op           every node's op is in the registry, with the attributes it declares
   attr-kind          every attribute is of the kind its op declares (OpDef.attr_kinds): an
                      integer is an int, a flag a bool, a shape a list of ints >= 0
+  size               every tensor has at most 64 dimensions, each >= 0, and at most 2**63-1
+                     bytes (a kernel's spaces: elements), so no size wraps in int64
   types              every node's output types are what the op's type rule gives (a kernel's
                      come from its body; a constant's value is one of its dtype's); a token
                      is never data, also not in a return
@@ -23,6 +25,7 @@ Each violation raises a VerifyError naming the rule and the node:
 """
 from __future__ import annotations
 
+import functools
 from collections import Counter
 from typing import Callable
 
@@ -32,7 +35,7 @@ from .graph import Graph, Node, Value
 from .kernel import infer_types, stores, written
 from .printer import Namer, format_node, value_names
 from .registry import CONSTANT, ELEMENTWISE, REGISTRY, check_attr_kinds, check_attrs
-from .types import TensorType, TokenType
+from .types import TensorType, TokenType, Type, shape_problem
 
 Fail = Callable[[str, "Node | None", str], None]
 
@@ -53,6 +56,11 @@ def _describe(node: Node, graph: Graph) -> str:
     return repr(node)
 
 
+@functools.lru_cache(maxsize=4096)
+def _size_problem(t: Type) -> str | None:
+    """What makes a tensor type too large (or negative), or None; a token has no size."""
+    return shape_problem(t.shape, t.dtype.itemsize) if isinstance(t, TensorType) else None
+
 
 def verify(graph: Graph) -> None:
     """Raise VerifyError on the first rule the graph breaks."""
@@ -72,6 +80,9 @@ def _verify(graph: Graph, region: bool) -> None:
         names.add(v.name)
         if not isinstance(v.type, TensorType):
             fail("types", None, f"graph input '{v.name}' is a {v.type}; inputs are tensors")
+        problem = _size_problem(v.type)
+        if problem is not None:
+            fail("size", None, f"graph input '{v.name}': {v.type} has {problem}")
 
     producer = producers(graph)
     defined: set[Value] = set(graph.inputs)
@@ -105,6 +116,10 @@ def _check_node(node: Node, fail: Fail, region: bool) -> None:
         check_attrs(op, node.attrs)
     except GraphoptError as e:
         fail("known-op", node, e.message)
+    for v in node.outputs:
+        problem = _size_problem(v.type)
+        if problem is not None:
+            fail("size", node, f"a result of type {v.type} has {problem}")
     try:
         check_attr_kinds(op, node.attrs)
     except GraphoptError as e:
