@@ -9,6 +9,10 @@ readable and compile time stays short.
     %0 = constant {value=0.9} : f32[]
     %1 = constant {value=1.0} : f32[]
     %2 = subtract %1, %0 : f32[]        ->   %2 = constant {value=0.1} : f32[]
+
+A node whose evaluation fails (an integer to a negative power, the max of an empty constant,
+a label out of range) is not folded: it stays, and fails when the step runs, as it would
+unfolded.
 """
 from __future__ import annotations
 
@@ -45,18 +49,9 @@ def fold(graph: Graph, ctx: PassContext) -> dict:
                 not all(v in producer and producer[v].op == "constant" for v in n.inputs):
             continue
         out: TensorType = n.outputs[0].type  # type: ignore[assignment]
-        fills = [fill_value(v, producer) for v in n.inputs]
-        with np.errstate(all="ignore"):
-            if op.category == ELEMENTWISE and all(f is not None for f in fills):
-                scalars = [np.asarray(f, dtype=v.type.dtype.np_dtype)
-                           for f, v in zip(fills, n.inputs)]
-                result = evaluate(op, scalars, n.attrs, [TensorType((), out.dtype)])[0]
-            elif out.size <= FOLD_MAX_ELEMENTS and all(v.type.size <= 1 << 16 for v in n.inputs):
-                arrays = [evaluate(producer[v].opdef, [], producer[v].attrs, [v.type])[0]
-                          for v in n.inputs]
-                result = evaluate(op, arrays, n.attrs, [out])[0]
-            else:
-                continue
+        result = _evaluate(n, producer, out)
+        if result is None:
+            continue
         c = Node("constant", [], {"value": constant_value(_fill_or_array(result), out.dtype),
                                   "shape": out.shape, "dtype": out.dtype}, [out], loc=n.loc)
         graph.nodes[i] = c
@@ -65,6 +60,29 @@ def fold(graph: Graph, ctx: PassContext) -> dict:
         folded += 1
     graph.remap(replace)
     return {"folded": folded}
+
+
+def _evaluate(n: Node, producer: dict[Value, Node], out: TensorType) -> np.ndarray | None:
+    """The node's value from its constant inputs, or None: too large to fold, or its numpy
+    semantics fail. Fold leaves a failing node to run rather than raise: the error is the
+    program's (an `int ** -1`, the max of nothing), so it belongs where the interpreter gives
+    it, as an ExecutionError at run time with the node's location, and not at compile time,
+    where a node that dce would remove, or that a backend computes, would fail the compile."""
+    op = n.opdef
+    fills = [fill_value(v, producer) for v in n.inputs]
+    try:
+        with np.errstate(all="ignore"):
+            if op.category == ELEMENTWISE and all(f is not None for f in fills):
+                scalars = [np.asarray(f, dtype=v.type.dtype.np_dtype)
+                           for f, v in zip(fills, n.inputs)]
+                return evaluate(op, scalars, n.attrs, [TensorType((), out.dtype)])[0]
+            if out.size <= FOLD_MAX_ELEMENTS and all(v.type.size <= 1 << 16 for v in n.inputs):
+                arrays = [evaluate(producer[v].opdef, [], producer[v].attrs, [v.type])[0]
+                          for v in n.inputs]
+                return evaluate(op, arrays, n.attrs, [out])[0]
+    except Exception:  # what the interpreter turns into an ExecutionError (interpreter.py)
+        return None
+    return None
 
 
 def _fill_or_array(result: np.ndarray):
