@@ -19,7 +19,10 @@ One entry is one file `<key>.gobj` in the cache directory:
     120+d   n     payload: the object code
 
 Nothing in an entry is trusted before it is checked: a file that fails any check is a miss with
-one warning per kind of problem per process, and the next store overwrites it.
+one warning per kind of problem per process, and the next store overwrites it. Only a regular
+file is ever opened: a FIFO, a directory, a socket, a device or a symbolic link under an
+entry's name is a bad entry too, found without opening it, without blocking and without
+following anything.
 """
 from __future__ import annotations
 
@@ -212,33 +215,63 @@ def _unpack_header(data: bytes, key: str | None) -> tuple[int, int, int]:
     return _HEADER.size, dn, n
 
 
-def _unpack(data: bytes, key: str) -> bytes:
-    """The payload of a whole entry file, after every check; raises _BadEntry."""
-    start, dn, n = _unpack_header(data, key)
-    end = start + dn + n
+_FILE_KINDS = {stat.S_IFIFO: "a FIFO", stat.S_IFDIR: "a directory", stat.S_IFLNK: "a symbolic link",
+               stat.S_IFSOCK: "a socket", stat.S_IFCHR: "a character device",
+               stat.S_IFBLK: "a block device"}
+# No blocking (a FIFO that takes a regular file's place between lstat and open), no symbolic
+# link followed, no terminal made ours, nothing inherited by a child process.
+_OPEN_FLAGS = os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0) | getattr(os, "O_NONBLOCK", 0) | \
+    getattr(os, "O_NOCTTY", 0) | getattr(os, "O_CLOEXEC", 0)
+
+
+def _check_file(st: os.stat_result) -> None:
+    """Raise _BadEntry unless `st` is that of a regular file owned by the current user."""
+    if not stat.S_ISREG(st.st_mode):
+        what = _FILE_KINDS.get(stat.S_IFMT(st.st_mode), f"of file type {stat.S_IFMT(st.st_mode):o}")
+        raise _BadEntry(f"not a file: {what}", f"is {what}, not a regular file")
+    if st.st_uid != os.geteuid():
+        raise _BadEntry("owner", f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
+
+
+def _open_entry(path: Path) -> int:
+    """A file descriptor, for reading, of the regular file we own at `path`; FileNotFoundError
+    if there is none, _BadEntry for anything else. lstat first, so that nothing but a regular
+    file is opened (opening a FIFO blocks, a device may do anything), then fstat of what was
+    opened, in case another file took its place in between."""
+    try:
+        _check_file(os.lstat(path))
+        fd = os.open(path, _OPEN_FLAGS)
+    except (FileNotFoundError, _BadEntry):
+        raise
+    except OSError as e:  # ELOOP: a symbolic link put there since the lstat; EACCES
+        raise _BadEntry("unreadable", f"cannot be read ({e.strerror})") from None
+    try:
+        _check_file(os.fstat(fd))
+    except BaseException:
+        os.close(fd)
+        raise
+    return fd
+
+
+def _read(path: Path, key: str) -> bytes:
+    """The payload of the entry file at `path`, after every check; raises _BadEntry (or
+    FileNotFoundError). Reads no more than the header says the entry holds."""
+    with os.fdopen(_open_entry(path), "rb") as f:
+        try:
+            head = f.read(_HEADER.size)
+            start, dn, n = _unpack_header(head, key)
+            end, size = start + dn + n, os.fstat(f.fileno()).st_size
+            if size > end:
+                raise _BadEntry("corrupt", f"is corrupt ({size - end} bytes after the payload)")
+            data = head + f.read(end - len(head))
+        except OSError as e:  # EIO, say: a miss like any other problem
+            raise _BadEntry("unreadable", f"cannot be read ({e.strerror})") from None
     if len(data) < end:
         raise _BadEntry("truncated", f"is truncated ({len(data)} of {end} bytes)")
-    if len(data) > end:
-        raise _BadEntry("corrupt", f"is corrupt ({len(data) - end} bytes after the payload)")
     payload = data[start + dn:]
     if hashlib.sha256(payload).digest() != _HEADER.unpack_from(data)[4]:
         raise _BadEntry("corrupt", "is corrupt (payload sha256 does not match)")
     return payload
-
-
-def _read(path: Path) -> bytes:
-    """The bytes of an entry file we own; O_NOFOLLOW so a planted symlink is not followed."""
-    try:
-        fd = os.open(path, os.O_RDONLY | getattr(os, "O_NOFOLLOW", 0))
-    except OSError as e:
-        if isinstance(e, FileNotFoundError):
-            raise
-        raise _BadEntry("unreadable", f"cannot be read ({e.strerror})") from None
-    with os.fdopen(fd, "rb") as f:
-        st = os.fstat(f.fileno())
-        if not stat.S_ISREG(st.st_mode) or st.st_uid != os.geteuid():
-            raise _BadEntry("owner", f"is not a regular file owned by you (uid {st.st_uid})")
-        return f.read()
 
 
 def load(key: str, parts: Mapping[str, str]) -> bytes | None:
@@ -256,7 +289,7 @@ def load(key: str, parts: Mapping[str, str]) -> bytes | None:
         return None
     path = d / (key + SUFFIX)
     try:
-        payload = _unpack(_read(path), key)
+        payload = _read(path, key)
     except FileNotFoundError:
         _log("miss", key, parts, f"no entry in {d}", d)
         return None
@@ -264,8 +297,8 @@ def load(key: str, parts: Mapping[str, str]) -> bytes | None:
         _warn_once(e.kind, f"ignoring {path}: it {e.reason}; it will be recompiled and replaced")
         _log("miss", key, parts, f"bad entry: it {e.reason}")
         return None
-    with suppress(OSError):
-        os.utime(path)  # the mtime is the last use: eviction removes the least recently used
+    with suppress(OSError, NotImplementedError):  # the mtime is the last use: eviction
+        os.utime(path, follow_symlinks=False)        # removes the least recently used
     _log("hit", key, parts, str(path))
     return payload
 
@@ -285,6 +318,9 @@ def store(key: str, parts: Mapping[str, str], payload: bytes) -> None:
         else:
             try:
                 _write(d, key, data)
+            except IsADirectoryError:  # a directory with files in it holds the entry's name
+                _warn_once("blocked", f"cannot store {d / (key + SUFFIX)}: a directory that is "
+                                      f"not empty has its name; its code is kept in memory")
             except OSError as e:
                 _unwritable.add(str(d))
                 _warn_once("unwritable", f"cannot write to {d} ({e.strerror}); compiled code "
@@ -301,12 +337,20 @@ def store(key: str, parts: Mapping[str, str], payload: bytes) -> None:
 def _write(d: Path, key: str, data: bytes) -> None:
     """Write to a temporary file in the same directory, then rename it over the entry: a reader
     sees the old file or the new one, never part of one, and two writers of one key both win.
-    No fsync: an entry cut short by a power failure fails its checks and is recompiled."""
+    No fsync: an entry cut short by a power failure fails its checks and is recompiled. A FIFO,
+    a socket or a link of the entry's name is replaced like a file; IsADirectoryError if a
+    directory that is not empty has the name."""
     fd, tmp = tempfile.mkstemp(prefix=f".{key}.", suffix=".tmp", dir=d)  # mode 0600
+    path = d / (key + SUFFIX)
     try:
         with os.fdopen(fd, "wb") as f:
             f.write(data)
-        os.replace(tmp, d / (key + SUFFIX))
+        try:
+            os.replace(tmp, path)  # over anything but a directory: the name is replaced
+        except IsADirectoryError:  # an empty directory of our name is removed
+            with suppress(OSError):
+                os.rmdir(path)
+            os.replace(tmp, path)
     except BaseException:
         with suppress(OSError):
             os.unlink(tmp)
@@ -345,7 +389,7 @@ def entries(d: Path | None = None, descriptions: bool = True) -> list[Entry]:
 
 def _description(path: Path) -> dict | None:
     try:
-        with open(path, "rb") as f:
+        with os.fdopen(_open_entry(path), "rb") as f:
             head = f.read(_HEADER.size)
             _, dn, _ = _unpack_header(head, path.name[:-len(SUFFIX)])
             desc = json.loads(f.read(dn))
@@ -362,20 +406,31 @@ def _evict(d: Path, bound: int, keep: str) -> None:
         if total <= bound:
             break
         if e.key != keep:
-            with suppress(FileNotFoundError):  # another process evicted it first
+            with suppress(OSError):  # another process evicted it first (or put a directory there)
                 os.unlink(e.path)
             total -= e.size
             _log("evicted", e.key, None, f"{e.size} bytes, last used {time.ctime(e.last_used)}")
 
 
 def clear() -> int:
-    """Remove every entry and temporary file (only files named as ours); return how many."""
+    """Remove every entry and temporary file (only names of ours: a FIFO or a link of such a
+    name too, and an empty directory); return how many. What cannot be removed (a directory
+    with files in it, a file in a directory we cannot write) stays, with a CacheWarning."""
     d, removed = location(), 0
     for e in (os.scandir(d) if d and d.is_dir() else ()):
-        if _ENTRY_NAME.fullmatch(e.name) or _TEMP_NAME.fullmatch(e.name):
-            with suppress(FileNotFoundError):
+        if not (_ENTRY_NAME.fullmatch(e.name) or _TEMP_NAME.fullmatch(e.name)):
+            continue
+        try:
+            if e.is_dir(follow_symlinks=False):
+                os.rmdir(e.path)
+            else:
                 os.unlink(e.path)
-                removed += 1
+            removed += 1
+        except FileNotFoundError:  # another process removed it first
+            pass
+        except OSError as err:
+            warnings.warn(f"graphopt cache: left {e.path}: {err.strerror}", CacheWarning,
+                          stacklevel=2)
     _memory.clear()
     return removed
 
