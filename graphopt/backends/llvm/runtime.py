@@ -152,11 +152,22 @@ class NativeKernel:
         # makes them contiguous before each call.
         self._made_inside = [i for i, v in enumerate(node.inputs) if not v.is_input]
         self._elements = sum(math.prod(space) for space in node.attrs["spaces"])
-        # Reduction blocks' partial results: one buffer per kernel, reused every call.
-        self._partials = np.empty(max(1, self.abi.total_blocks * len(self.abi.reductions)),
-                                  np.float64)
-        self._partials_ptr = self._partials.ctypes.data
+        # Reduction blocks' partial results: one buffer per kernel, reused every call, made
+        # by the first (compiling a kernel too large to run, to look at it, needs none).
+        self._partials: np.ndarray | None = None
         self._splits: dict[int, list[tuple[int, int]]] = {}
+
+    @property
+    def _partials_ptr(self) -> int:
+        if self._partials is None:
+            n = max(1, self.abi.total_blocks * len(self.abi.reductions))
+            try:
+                self._partials = np.empty(n, np.float64)
+            except MemoryError:
+                raise ExecutionError(f"kernel {self.name}: its reductions need {8 * n} bytes "
+                                     f"of partial results, more than there is memory for; "
+                                     f"no parameter was changed") from None
+        return self._partials.ctypes.data
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         rows = self.prepare(arrays)
