@@ -15,13 +15,13 @@ import pytest
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(__file__)), "benchmarks"))
 import fuzz  # noqa: E402
 
-PROGRAMS = 150
+PROGRAMS = 200
 FIRST_SEED = 1_000_000  # apart from the campaign's seeds (0, 1, ...)
 
 
 @pytest.fixture(scope="module")
 def levels():
-    probed = fuzz.probe(list(fuzz.DEFAULT_LEVELS), os.environ.get("GRAPHOPT_CACHE_DIR"))
+    probed = fuzz.probe(list(fuzz.DEFAULT_LEVELS), None)
     ran = [lv for lv in fuzz.DEFAULT_LEVELS if not probed[lv]["skipped"]]
     assert "host" in ran, probed
     return ran
@@ -37,8 +37,7 @@ def test_generated_programs_are_python_and_deterministic():
 def test_a_slice_of_random_programs_agrees_in_every_mode(levels):
     avoid = frozenset(fuzz.KNOWN_BUGS)
     results = fuzz.campaign(list(range(FIRST_SEED, FIRST_SEED + PROGRAMS)), levels, workers=2,
-                            avoid=avoid, cache_dir=os.environ.get("GRAPHOPT_CACHE_DIR"),
-                            small=True)
+                            avoid=avoid, small=True)  # (no disk cache: see fuzz.worker_main)
     assert len(results) == PROGRAMS
     bad = [r for r in results if r["status"] in ("mismatch", "crash")]
     message = "\n".join(f"seed {r['seed']} ({r['status']}): {r['problems'][0] if r['problems'] else ''}"
