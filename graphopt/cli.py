@@ -12,43 +12,174 @@ For `compile`, FILE.py gives example arguments for FUNC with a function `make_in
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.machinery
 import importlib.util
+import inspect
+import os
+import re
 import sys
+import sysconfig
+import traceback
+import uuid
+import warnings
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from .errors import GraphoptError
+from . import envvars
+from .errors import GraphoptError, ParseError
+
+EPILOG = """\
+exit status:
+  0    done
+  2    a mistake in the command line, in a file it names, in code that file runs, or in a
+       GRAPHOPT_* switch: one line on stderr says what is wrong, starting with FILE:LINE
+       when it is in a file; never a traceback
+  1    a bug in graphopt (an error it should have explained): one line says so
+  130  interrupted (Ctrl-C)
+
+GRAPHOPT_DEBUG=1 prints the traceback as well, for a bug report. Every GRAPHOPT_* switch is
+in docs/switches.md.
+"""
+
+USAGE_ERROR, BUG, INTERRUPTED = 2, 1, 130
 
 
 class CLIError(GraphoptError):
     """A command-line argument that cannot be used."""
 
 
-def _demo(args: argparse.Namespace) -> int:
-    from .demo import run
-    return run(args.out, args.steps)
+class UserCodeError(GraphoptError):
+    """An exception raised by the user's code (FILE.py, what it imports, its make_inputs() and
+    its step function) while `graphopt compile` runs it; the message gives the user's
+    file:line, and the exception is chained as the cause (GRAPHOPT_DEBUG=1 shows it)."""
+
+
+# ----------------------------------------------------------------------------- whose code
+
+_GRAPHOPT_DIR = os.path.dirname(os.path.abspath(__file__)) + os.sep
+_LIBRARY_DIRS = tuple(sorted({os.path.abspath(sysconfig.get_path(k)) + os.sep
+                              for k in ("stdlib", "platstdlib", "purelib", "platlib")}))
+
+
+def _is_user_file(filename: str, user_files: set[str]) -> bool:
+    """Is this a file of the user's: one they named, or any that is not graphopt's, Python's or
+    an installed library's (their own modules that their file imports)?"""
+    if filename.startswith("<"):  # <frozen importlib...>, <string>
+        return False
+    path = os.path.abspath(filename)
+    return path in user_files or not path.startswith((_GRAPHOPT_DIR,) + _LIBRARY_DIRS)
+
+
+def _user_line(e: BaseException, user_files: set[str]) -> str | None:
+    """`file:line` of the innermost frame of user code if it raised `e` (the user's frame is
+    deeper than any of graphopt's: a library the user called counts as the user's call), else
+    None (graphopt's own code raised it)."""
+    user, ours = None, -1
+    for i, frame in enumerate(traceback.extract_tb(e.__traceback__)):
+        if _is_user_file(frame.filename, user_files):
+            user = (i, f"{frame.filename}:{frame.lineno}")
+        elif os.path.abspath(frame.filename).startswith(_GRAPHOPT_DIR):
+            ours = i
+    return user[1] if user is not None and user[0] > ours else None
+
+
+@contextlib.contextmanager
+def _running_user_code(doing: str, user_files: set[str]) -> Iterator[None]:
+    """Turn an exception that the user's code raises while graphopt is `doing` something into
+    one UserCodeError with the user's file:line; graphopt's own errors pass through."""
+    try:
+        yield
+    except SyntaxError as e:  # also IndentationError, and a file that is not UTF-8
+        if e.filename is None or not _is_user_file(e.filename, user_files):
+            raise
+        what = f"SyntaxError: {e.msg}"
+        if e.msg.startswith("(unicode error)"):
+            what = f"not UTF-8 text (and no coding line says otherwise): " \
+                   f"{e.msg.removeprefix('(unicode error)').strip()}"
+        raise UserCodeError(f"{e.filename}:{e.lineno}: {what} (while {doing})") from e
+    except GraphoptError:
+        raise
+    except Exception as e:
+        where = _user_line(e, user_files)
+        if where is None:
+            raise
+        raise UserCodeError(f"{where}: {type(e).__name__}: {_first_line(e)} "
+                            f"(while {doing})") from e
+
+
+def _first_line(e: BaseException) -> str:
+    lines = str(e).strip().splitlines()
+    return lines[0] + (" ..." if len(lines) > 1 else "") if lines else "(no message)"
+
+
+# ----------------------------------------------------------------------------- files
+
+def _read_text(path: str) -> tuple[str, str]:
+    """(the text of FILE, or of standard input for -, as UTF-8; its name for messages)."""
+    if path == "-":
+        stdin = getattr(sys.stdin, "buffer", None)
+        name, data = "<stdin>", stdin.read() if stdin is not None else sys.stdin.read()
+        if isinstance(data, str):
+            return data, name
+    else:
+        name = path
+        try:
+            data = Path(path).read_bytes()
+        except FileNotFoundError:
+            raise CLIError(f"no such file: {path}") from None
+        except IsADirectoryError:
+            raise CLIError(f"{path} is a directory, not a file") from None
+        except OSError as e:
+            raise CLIError(f"cannot read {path}: {e.strerror}") from None
+    try:
+        return data.decode("utf-8-sig"), name
+    except UnicodeDecodeError as e:
+        line = data.count(b"\n", 0, e.start) + 1
+        raise CLIError(f"{name}:{line}: not UTF-8 text (byte 0x{data[e.start]:02x} at offset "
+                       f"{e.start})") from None
 
 
 def _read_ir(path: str):
     from .ir import parse
-    if path == "-":
-        return parse(sys.stdin.read())
-    return parse(Path(path).read_text())
+    text, name = _read_text(path)
+    try:
+        return parse(text)
+    except ParseError as e:
+        raise CLIError(f"{name}: {e}") from e
 
 
-def _ir(args: argparse.Namespace) -> int:
-    """Read IR text, verify it, print it back (with locations)."""
-    graph = _read_ir(args.file)
-    graph.verify()
-    print(graph.format(locs=True))
-    return 0
+@contextlib.contextmanager
+def _writing(out: str) -> Iterator[None]:
+    """A context in which failing to write `out` is a CLIError saying so."""
+    try:
+        yield
+    except IsADirectoryError:
+        raise CLIError(f"cannot write {out}: it is a directory") from None
+    except OSError as e:
+        raise CLIError(f"cannot write {out}: {e.strerror or e}") from None
 
 
 def _write(text: str, out: str | None) -> None:
     if out:
-        Path(out).write_text(text + "\n")
+        with _writing(out):
+            Path(out).write_text(text + "\n", encoding="utf-8")
     else:
         print(text)
+
+
+# --emit's formats that are drawings or DOT, by the extensions -o may have for each
+_DRAWINGS = {"dot": (".dot", ".gv"), "svg": (".svg",), "png": (".png",), "pdf": (".pdf",)}
+
+
+def _check_output(emit: str, out: str | None) -> None:
+    """Refuse an --emit and -o that do not go together, before any work is done."""
+    if emit in _DRAWINGS and emit != "dot" and not out:
+        raise CLIError(f"--emit {emit} needs -o FILE{_DRAWINGS[emit][0]}")
+    if emit in _DRAWINGS and out and Path(out).suffix.lower() not in _DRAWINGS[emit]:
+        raise CLIError(f"--emit {emit} writes {' or '.join(_DRAWINGS[emit])} files, but -o names "
+                       f"{out!r}; name it FILE{_DRAWINGS[emit][0]}")
 
 
 def _emit(graph, emit: str, out: str | None, fastmath: bool = False) -> None:
@@ -63,14 +194,57 @@ def _emit(graph, emit: str, out: str | None, fastmath: bool = False) -> None:
     if emit == "dot" and not out:
         print(graph.to_dot().source)
         return
-    if not out:
-        raise CLIError(f"--emit {emit} needs -o FILE")
-    dump(graph, out)
+    with _writing(out):
+        dump(graph, out)
+
+
+def _patterns(patterns: list[str] | None) -> list[str]:
+    for p in patterns or ():
+        try:
+            re.compile(p)
+        except re.error as e:
+            raise CLIError(f"--print-after {p!r} is neither a pass name nor a regular "
+                           f"expression: {e}") from None
+    return patterns or []
+
+
+# ----------------------------------------------------------------------------- the commands
+
+def _positive(text: str) -> int:
+    """argparse's type for a count of 1 or more."""
+    try:
+        n = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if n < 1:
+        raise argparse.ArgumentTypeError(f"{n} is not 1 or more")
+    return n
+
+
+def _demo(args: argparse.Namespace) -> int:
+    from .demo import run
+    try:  # the folder for the drawings, made before the demo's work
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        raise CLIError(f"--out {args.out}: not a folder (a file has that name)") from None
+    except OSError as e:
+        raise CLIError(f"--out {args.out}: cannot make a folder there ({e.strerror})") from None
+    return run(args.out, args.steps)
+
+
+def _ir(args: argparse.Namespace) -> int:
+    """Read IR text, verify it, print it back (with locations)."""
+    graph = _read_ir(args.file)
+    graph.verify()
+    print(graph.format(locs=True))
+    return 0
 
 
 def _opt(args: argparse.Namespace) -> int:
     from .explain import explain_graph
     from .passes import run
+    _check_output(args.emit, args.output)
+    print_after = _patterns(args.print_after)
     graph = _read_ir(args.file)
     graph.verify()
     if args.explain:
@@ -78,36 +252,63 @@ def _opt(args: argparse.Namespace) -> int:
     else:
         result = run(graph, args.passes, print_after_all=args.print_after_all,
                      print_after_change=args.print_after_change,
-                     print_after=args.print_after or (), fastmath=args.fastmath)
+                     print_after=print_after, fastmath=args.fastmath)
         if args.stats:
             print(result, file=sys.stderr)
     _emit(result.graph, args.emit, args.output, args.fastmath)
     return 0
 
 
+def _load_module(path: Path, shown: str, user_files: set[str]):
+    """Run the file as a Python module (whatever its extension), registered in sys.modules
+    under a name of its own while it runs, as an import would (dataclasses need that)."""
+    name = f"_graphopt_user_{uuid.uuid4().hex}"
+    loader = importlib.machinery.SourceFileLoader(name, shown)
+    spec = importlib.util.spec_from_file_location(name, shown, loader=loader)
+    module = importlib.util.module_from_spec(spec)
+    folder = str(path.parent.resolve())
+    sys.path.insert(0, folder)  # its own modules import as they would under `python FILE`
+    sys.modules[name] = module
+    try:
+        with _running_user_code(f"running {shown}", user_files):
+            loader.exec_module(module)
+    finally:
+        with contextlib.suppress(ValueError):  # (unless the file took it out itself)
+            sys.path.remove(folder)
+    return module
+
+
 def load_function(spec: str) -> tuple[Any, tuple, dict]:
-    """FILE.py:FUNC -> (the function, example args, example kwargs)."""
+    """FILE.py:FUNC -> (the function, example args, example kwargs). Every mistake, the user
+    code's own exceptions included, is a GraphoptError saying what is wrong and where."""
     file, _, name = spec.rpartition(":")
     if not file or not name:
         raise CLIError(f"expected FILE.py:FUNC, got {spec!r}")
     path = Path(file)
     if not path.exists():
         raise CLIError(f"no such file: {file}")
-    module_spec = importlib.util.spec_from_file_location(path.stem, path)
-    module = importlib.util.module_from_spec(module_spec)
-    sys.path.insert(0, str(path.parent.resolve()))
-    try:
-        module_spec.loader.exec_module(module)
-    finally:
-        sys.path.pop(0)
+    if not path.is_file():
+        raise CLIError(f"{file} is not a file")
+    user_files = {os.path.abspath(file)}
+    module = _load_module(path, file, user_files)
     fn = getattr(module, name, None)
     if fn is None:
-        raise CLIError(f"{file} has no function {name}")
-    make = getattr(module, f"{name}_inputs", None) or getattr(module, "make_inputs", None)
+        defined = sorted(n for n, v in vars(module).items()
+                         if inspect.isfunction(v) and v.__module__ == module.__name__)
+        raise CLIError(f"{file} has no function {name}"
+                       + (f" (it defines {', '.join(defined)})" if defined else ""))
+    if not callable(fn):
+        raise CLIError(f"{file}: {name} is not a function (it is of type {type(fn).__name__})")
+    make_name = f"{name}_inputs" if hasattr(module, f"{name}_inputs") else "make_inputs"
+    make = getattr(module, make_name, None)
     if make is None:
         raise CLIError(f"{file} must define make_inputs() or {name}_inputs() returning the "
                        f"example arguments of {name} (a tuple, or a dict of keyword arguments)")
-    inputs = make()
+    if not callable(make):
+        raise CLIError(f"{file}: {make_name} is not a function (it is of type "
+                       f"{type(make).__name__})")
+    with _running_user_code(f"calling {make_name}() of {file}", user_files):
+        inputs = make()
     if isinstance(inputs, dict):
         return fn, (), inputs
     return fn, tuple(inputs) if isinstance(inputs, (tuple, list)) else (inputs,), {}
@@ -117,14 +318,17 @@ def _compile(args: argparse.Namespace) -> int:
     from .explain import explain
     from .frontend.tracer import trace_function
     from .passes import run
+    _check_output(args.emit, args.output)
     fn, fargs, fkwargs = load_function(args.target)
     fn = getattr(fn, "fn", fn)  # a jitted function: trace what it wraps
-    if args.explain:
-        result = explain(fn, *fargs, passes=args.passes, fastmath=args.fastmath, **fkwargs)
-    else:
-        graph = trace_function(fn, fargs, fkwargs).graph.verify()
-        result = run(graph, args.passes, print_after_all=args.print_after_all,
-                     fastmath=args.fastmath)
+    user_files = {os.path.abspath(args.target.rpartition(":")[0])}
+    with _running_user_code(f"tracing {args.target}", user_files):
+        if args.explain:
+            result = explain(fn, *fargs, passes=args.passes, fastmath=args.fastmath, **fkwargs)
+        else:
+            graph = trace_function(fn, fargs, fkwargs).graph.verify()
+            result = run(graph, args.passes, print_after_all=args.print_after_all,
+                         fastmath=args.fastmath)
     _emit(result.graph, args.emit, args.output, args.fastmath)
     return 0
 
@@ -134,13 +338,13 @@ def _cache(args: argparse.Namespace) -> int:
     return cache.command(args.action)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="graphopt", description=__doc__,
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="graphopt", description=__doc__, epilog=EPILOG,
                                      formatter_class=argparse.RawDescriptionHelpFormatter)
     sub = parser.add_subparsers(dest="command", required=True)
     p = sub.add_parser("demo", help="compile an Adam step, print its IR, run it, draw it")
     p.add_argument("--out", default="graphopt_demo_out", help="folder for the dumps")
-    p.add_argument("--steps", type=int, default=5)
+    p.add_argument("--steps", type=_positive, default=5, help="steps to run (1 or more)")
     p.set_defaults(run=_demo)
 
     p = sub.add_parser("ir", help="parse and verify an IR text file, print it back")
@@ -175,16 +379,60 @@ def main(argv: list[str] | None = None) -> int:
     p = sub.add_parser("cache", help="the on-disk compilation cache: info, list, clear, path")
     p.add_argument("action", choices=("info", "list", "clear", "path"))
     p.set_defaults(run=_cache)
+    return parser
 
-    args = parser.parse_args(argv)
+
+# ----------------------------------------------------------------------------- errors
+
+def _debug() -> bool:
     try:
-        return args.run(args)
-    except GraphoptError as e:
-        print(f"graphopt: error: {e}", file=sys.stderr)
+        return envvars.debug()
+    except GraphoptError:  # GRAPHOPT_DEBUG itself is wrong: said as the error itself
+        return False
+
+
+def _report(e: Exception) -> int:
+    """One line on stderr for an exception that ended the command (the traceback first with
+    GRAPHOPT_DEBUG=1); returns the exit status."""
+    if _debug():
+        traceback.print_exception(e)
+    if isinstance(e, GraphoptError):
+        message, status = str(e), USAGE_ERROR
+        if e.loc is not None and os.path.abspath(e.loc.file).startswith(_GRAPHOPT_DIR):
+            message = e.message  # a line of graphopt's own is not where the user went wrong
+    elif isinstance(e, OSError):  # the system refused something: the message says what
+        where = f"{e.filename}: " if e.filename else ""
+        message, status = f"{where}{e.strerror or e}", USAGE_ERROR
+    else:
+        message, status = (f"internal error, a bug in graphopt: {type(e).__name__}: "
+                           f"{_first_line(e)} (run again with GRAPHOPT_DEBUG=1 for the "
+                           f"traceback to report)"), BUG
+    print(f"graphopt: error: {message}", file=sys.stderr)
+    return status
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    print(f"graphopt: warning: {message}", file=sys.stderr)
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parser().parse_args(argv)  # a usage error: argparse's message, status 2
+    try:
+        with warnings.catch_warnings():
+            warnings.showwarning = _show_warning  # one line each, not the warning's source
+            envvars.check()  # every switch, before anything is done
+            status = args.run(args)
+            sys.stdout.flush()  # a closed pipe is found here, not as Python exits
+            return status
+    except KeyboardInterrupt:
+        print("graphopt: interrupted", file=sys.stderr)
+        return INTERRUPTED
+    except BrokenPipeError:  # `graphopt ... | head`: the reader has all it wanted
+        with contextlib.suppress(Exception):
+            os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 1
-    except OSError as e:
-        print(f"graphopt: error: {e}", file=sys.stderr)
-        return 1
+    except Exception as e:
+        return _report(e)
 
 
 if __name__ == "__main__":

@@ -15,6 +15,7 @@ import numpy as np
 
 import graphopt as go
 from graphopt import ops
+from graphopt.errors import GraphoptError
 from graphopt.ir.kernel import cost as kernel_cost
 
 SHAPES = {"fc1.w": (64, 32), "fc1.b": (32,), "fc2.w": (32, 10), "fc2.b": (10,)}
@@ -88,16 +89,21 @@ def speed(rng: np.random.Generator, elements: int = 1 << 23, repeats: int = 5) -
               f"({sec / timings['graphopt llvm']:.1f}x graphopt's time)")
 
 
+def gradients(rng: np.random.Generator) -> dict[str, np.ndarray]:
+    return {n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
+
+
 def run(out_dir: str = "graphopt_demo_out", steps: int = 5) -> int:
+    if isinstance(steps, bool) or not isinstance(steps, int) or steps < 1:
+        raise GraphoptError(f"the demo runs 1 or more steps, not {steps!r}")
     rng = np.random.default_rng(0)
     weights, exp_avg, exp_avg_sq, step = make_params(rng)
     reference = {n: (w.numpy(), np.zeros(SHAPES[n], np.float32), np.zeros(SHAPES[n], np.float32))
                  for n, w in weights.items()}
     adam_step = go.jit(build_step(weights, exp_avg, exp_avg_sq, step))
-    grads = [{n: rng.standard_normal(s).astype(np.float32) for n, s in SHAPES.items()}
-             for _ in range(steps)]
+    grads = gradients(rng)  # one step's at a time: any number of steps fits in memory
 
-    compiled = adam_step.lower(grads[0], 1e-3)
+    compiled = adam_step.lower(grads, 1e-3)
     traced = compiled.traced_graph
     print(f"== traced IR of adam_step ({len(traced.nodes)} nodes, {len(traced.params)} "
           f"parameters, {len(traced.assigns())} assigns)\n")
@@ -122,10 +128,11 @@ def run(out_dir: str = "graphopt_demo_out", steps: int = 5) -> int:
     print(f"\n== {steps} steps ({compiled.backend_name} backend), checked against plain numpy")
     for k in range(steps):
         lr = 1e-3 * (k + 1)  # a new learning rate is data: no retrace
+        grads = grads if k == 0 else gradients(rng)
         start = time.perf_counter()
-        norm = adam_step(grads[k], lr)
+        norm = adam_step(grads, lr)
         ms = (time.perf_counter() - start) * 1e3
-        numpy_adam(reference, grads[k], lr, k + 1)
+        numpy_adam(reference, grads, lr, k + 1)
         err = max(float(np.max(np.abs(weights[n].numpy() - reference[n][0]))) for n in SHAPES)
         print(f"step {k + 1}: lr={lr:.0e}  grad norm={float(norm):8.4f}  "
               f"max |graphopt - numpy| = {err:.1e}  {ms:6.2f} ms")

@@ -45,6 +45,6 @@ def test_cli_ir_roundtrip(tmp_path, capsys):
 def test_cli_reports_bad_ir(tmp_path, capsys):
     src = tmp_path / "bad.ir"
     src.write_text("graph g {\n  arg %x: f32[3]\n  %0 = exp %y : f32[3]\n  return %0\n}\n")
-    assert main(["ir", str(src)]) == 1
+    assert main(["ir", str(src)]) == 2  # a mistake in the file: status 2
     err = capsys.readouterr().err
     assert "line 3" in err and "%y" in err

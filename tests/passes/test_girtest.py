@@ -76,7 +76,7 @@ def test_exit_code_is_checked(tmp_path):
     message = failure(write(tmp_path, "# Fails: an unknown pass.\n"
                             "# RUN: graphopt opt %s --passes nosuchpass\n" + GRAPH
                             + "# CHECK: graph\n"))
-    assert "expected graphopt to succeed, exit code 1" in message
+    assert "expected graphopt to succeed, exit code 2" in message
     assert "unknown pass nosuchpass" in message
 
 
