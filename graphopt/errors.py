@@ -38,6 +38,16 @@ class ParameterError(GraphoptError, ValueError):
     """A Parameter is malformed, or two Parameters of one graph share a name."""
 
 
+class AliasingError(ParameterError):
+    """Memory shared where an in-place update would break: an argument of a step that views
+    the buffer of a Parameter the step updates, or a second Parameter over one array."""
+
+
+class ArgumentError(GraphoptError, TypeError):
+    """A public function was given an argument of a kind it does not take: jit of something
+    that is not a function, a flag that is not a bool, a pipeline that is not pass names."""
+
+
 class ParseError(GraphoptError, ValueError):
     """Malformed IR text; the message gives line and column."""
 
@@ -45,10 +55,6 @@ class ParseError(GraphoptError, ValueError):
         self.line, self.col = line, col
         caret = f"\n  {source_line}\n  {' ' * (col - 1)}^" if source_line else ""
         super().__init__(f"line {line}, column {col}: {message}{caret}")
-
-
-class ParseInputError(GraphoptError, TypeError):
-    """`parse` was given something that is not a str (bytes, None, a file object)."""
 
 
 class VerifyError(GraphoptError, ValueError):

@@ -12,10 +12,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
+from .errors import OpTypeError
+from .frontend import checks
 from .frontend.tensor import Tensor
-from .frontend.tracer import assign, bind, depend
+from .frontend.tracer import assign, bind, depend, user_location
 from .ir.opdefs import constant_value
-from .ir.types import f32, to_dtype
+from .ir.types import f32
 
 __all__ = [
     "add", "subtract", "multiply", "divide", "negative", "power", "sqrt", "rsqrt", "exp", "log",
@@ -28,6 +30,15 @@ __all__ = [
     "relu", "tanh", "sigmoid", "softplus", "gelu", "stop_gradient", "log_softmax", "softmax",
     "softmax_cross_entropy", "mse_loss", "gather", "scatter_add", "one_hot", "arange",
 ]
+
+
+def _error(message: str) -> OpTypeError:
+    """A bad argument of an op, at the user's line."""
+    return OpTypeError(message, loc=user_location())
+
+
+def _to_dtype(dtype: Any, what: str = "dtype"):
+    return checks.dtype(dtype, what, _error)
 
 
 def _binary(name: str):
@@ -87,7 +98,7 @@ def where(cond: Any, x: Any, y: Any) -> Tensor:
 
 def cast(x: Any, dtype: Any) -> Tensor:
     """x converted to dtype (also `x.astype(dtype)`)."""
-    return bind("cast", [x], {"dtype": to_dtype(dtype)})
+    return bind("cast", [x], {"dtype": _to_dtype(dtype, "cast: dtype")})
 
 
 def asarray(x: Any, dtype: Any = None) -> Tensor:
@@ -101,33 +112,31 @@ def _shape(x: Any) -> tuple[int, ...]:
     return x.shape if isinstance(x, Tensor) else np.shape(x)
 
 
-def _axes(x: Any, axis: int | Sequence[int] | None) -> tuple[int, ...]:
-    ndim = len(_shape(x))
-    if axis is None:
-        return tuple(range(ndim))
-    axes = (axis,) if isinstance(axis, (int, np.integer)) else tuple(axis)
-    return tuple(sorted(int(a) + ndim if a < 0 else int(a) for a in axes))
+def _axes(x: Any, axis: int | Sequence[int] | None, op: str = "axis") -> tuple[int, ...]:
+    return checks.axes(axis, len(_shape(x)), f"{op}: axis", _error)
 
 
 def sum(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
     """Sum over `axis` (all axes by default)."""
-    return bind("sum", [x], {"axes": _axes(x, axis), "keepdims": bool(keepdims)})
+    return bind("sum", [x], {"axes": _axes(x, axis, "sum"),
+                             "keepdims": checks.flag(keepdims, "sum: keepdims", _error)})
 
 
 def max(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
     """Maximum over `axis` (all axes by default)."""
-    return bind("max", [x], {"axes": _axes(x, axis), "keepdims": bool(keepdims)})
+    return bind("max", [x], {"axes": _axes(x, axis, "max"),
+                             "keepdims": checks.flag(keepdims, "max: keepdims", _error)})
 
 
 def mean(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
     """Mean over `axis` (all axes by default); float dtypes only."""
-    return bind("mean", [x], {"axes": _axes(x, axis), "keepdims": bool(keepdims)})
+    return bind("mean", [x], {"axes": _axes(x, axis, "mean"),
+                             "keepdims": checks.flag(keepdims, "mean: keepdims", _error)})
 
 
 def reshape(x: Any, shape: int | Sequence[int]) -> Tensor:
     """x with a new shape of the same size; one entry may be -1."""
-    shape = (int(shape),) if isinstance(shape, (int, np.integer)) else \
-        tuple(int(s) for s in shape)
+    shape = checks.shape(shape, "reshape: shape", _error, wildcard=True)
     if shape.count(-1) == 1:
         known = int(np.prod([s for s in shape if s != -1]))
         size = int(np.prod(_shape(x)))
@@ -137,7 +146,7 @@ def reshape(x: Any, shape: int | Sequence[int]) -> Tensor:
 
 
 def broadcast_to(x: Any, shape: Sequence[int]) -> Tensor:
-    return bind("broadcast_to", [x], {"shape": tuple(int(s) for s in shape)})
+    return bind("broadcast_to", [x], {"shape": checks.shape(shape, "broadcast_to: shape", _error)})
 
 
 def transpose(x: Any, axes: Sequence[int] | None = None) -> Tensor:
@@ -146,7 +155,7 @@ def transpose(x: Any, axes: Sequence[int] | None = None) -> Tensor:
     # Only negative axes wrap (as in numpy): an axis past the end must fail the type rule,
     # not wrap around to a valid one.
     perm = tuple(reversed(range(ndim))) if axes is None else \
-        tuple(int(a) + ndim if a < 0 else int(a) for a in axes)
+        checks.permutation(axes, ndim, "transpose: axes", _error)
     return bind("transpose", [x], {"perm": perm})
 
 
@@ -156,8 +165,10 @@ def matmul(x: Any, y: Any) -> Tensor:
 
 
 def full(shape: int | Sequence[int], value: builtins.float | int | bool, dtype: Any = f32) -> Tensor:
-    shape = (shape,) if isinstance(shape, int) else tuple(shape)
-    d = to_dtype(dtype)
+    shape = checks.shape(shape, "full: shape", _error)
+    d = _to_dtype(dtype, "full: dtype")
+    checks.nbytes(shape, d, "full: shape", _error)
+    value = checks.fill(value, d, "full: value", _error)
     return bind("constant", [], {"value": constant_value(value, d), "shape": shape, "dtype": d})
 
 
@@ -182,7 +193,8 @@ def ones_like(x: Any, dtype: Any = None) -> Tensor:
 
 
 def _dtype(x: Any):
-    return x.dtype if isinstance(x, Tensor) else to_dtype(np.asarray(x).dtype)
+    return x.dtype if isinstance(x, Tensor) else \
+        _to_dtype(np.asarray(x).dtype, "dtype of the operand")
 
 
 def stop_gradient(x: Any) -> Tensor:
@@ -190,14 +202,14 @@ def stop_gradient(x: Any) -> Tensor:
     return bind("stop_gradient", [x])
 
 
-def _axis(x: Any, axis: int) -> int:
-    ndim = len(_shape(x))
-    return int(axis) + ndim if axis < 0 else int(axis)
+def _axis(x: Any, axis: int, op: str) -> int:
+    return checks.axes(checks.integer(axis, f"{op}: axis", _error), len(_shape(x)),
+                       f"{op}: axis", _error)[0]
 
 
 def log_softmax(x: Any, axis: int = -1) -> Tensor:
     """log(softmax(x)) along `axis`, computed stably (one op)."""
-    return bind("log_softmax", [x], {"axis": _axis(x, axis)})
+    return bind("log_softmax", [x], {"axis": _axis(x, axis, "log_softmax")})
 
 
 def softmax(x: Any, axis: int = -1) -> Tensor:
@@ -228,12 +240,14 @@ def scatter_add(x: Any, indices: Any, updates: Any) -> Tensor:
 
 def arange(n: int, dtype: Any = "i64") -> Tensor:
     """0, 1, ..., n-1 as a constant tensor."""
-    d = to_dtype(dtype)
+    n = checks.integer(n, "arange: n", _error, low=0)
+    d = _to_dtype(dtype, "arange: dtype")
     return bind("constant", [], {"value": constant_value(np.arange(n), d), "shape": (n,),
                                  "dtype": d})
 
 
 def one_hot(labels: Any, classes: int, dtype: Any = f32) -> Tensor:
     """[..., classes]: 1 where the class is the label, else 0 (labels: integer [...])."""
+    classes = checks.integer(classes, "one_hot: classes", _error, low=0)
     labels = reshape(labels, _shape(labels) + (1,))
     return cast(equal(labels, arange(classes, _dtype(labels))), dtype)

@@ -177,8 +177,8 @@ def test_dtype_not_supported_by_the_op(fn, pattern):
 @pytest.mark.parametrize("fn,pattern", [
     (lambda x: x.reshape(5, -1), r"reshape: cannot reshape f64\[2,3\]"),
     (lambda x: x.reshape(4), r"reshape: cannot reshape"),
-    (lambda x: x.sum(axis=2), r"sum: axes \[2\]"),
-    (lambda x: x.max(axis=(0, -2)), r"max: axes"),
+    (lambda x: x.sum(axis=2), r"sum: axis 2 is out of range"),
+    (lambda x: x.max(axis=(0, -2)), r"max: axis \[0, -2\] repeats an axis"),
     (lambda x: x.transpose(2, 0), r"transpose: perm \[2, 0\]"),
     (lambda x: x.transpose(0, 0), r"transpose: perm \[0, 0\]"),
     (lambda x: ops.broadcast_to(x, (3, 3)), "broadcast_to"),

@@ -183,6 +183,12 @@ def value_and_grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] =
     is traced into its own graph and run by the interpreter, so it has jit's rules: no Python
     control flow on tensor values). Nesting value_and_grad (higher order) raises GradientError.
     """
+    if not callable(fn):
+        raise GradientError(f"value_and_grad differentiates a function, got "
+                            f"{type(fn).__name__} {fn!r}", loc=user_location())
+    if not isinstance(has_aux, bool):
+        raise GradientError(f"has_aux must be True or False, got {has_aux!r}",
+                            loc=user_location())
     params, wrt_tree = _check_wrt(wrt)
     if argnums is _UNSET:
         argnums = () if wrt is not None else 0

@@ -8,21 +8,26 @@ from __future__ import annotations
 
 import itertools
 import re
+import weakref
 from typing import Any
 
 import numpy as np
 
 from .. import memory
-from ..errors import ParameterError
+from ..errors import AliasingError, ParameterError
 from ..ir.types import DType, TensorType, to_dtype
+from . import checks
 from .tensor import Tensor
 
 _counter = itertools.count()
 _NAME = re.compile(r"[A-Za-z_][\w.]*\Z")
+# The Parameters whose buffer is an array the caller made (copy=False), by id of the array:
+# a second Parameter over the same array is refused.
+_TAKEN: weakref.WeakValueDictionary[int, Parameter] = weakref.WeakValueDictionary()
 
 
 class Parameter(Tensor):
-    __slots__ = ("name", "_value", "_type", "__weakref__")
+    __slots__ = ("name", "_value", "_type", "_exposed", "__weakref__")
 
     def __init__(self, value: Any, name: str | None = None, dtype: Any = None,
                  copy: bool = True, offset: int | None = None):
@@ -31,30 +36,59 @@ class Parameter(Tensor):
         next free slot). `copy=False` takes `value` as the buffer instead when it is a numpy
         array nobody else views (C-contiguous, owning its memory, of the dtype), as a
         freshly made one is; anything else is copied as usual."""
+        error = _error(name)
         a = np.asarray(value)
         try:
             dt = to_dtype(dtype if dtype is not None else a.dtype)
         except TypeError as e:
-            raise ParameterError(f"Parameter {name or ''}: {e}") from None
-        if not copy and a.base is None and a.flags.c_contiguous and a.flags.writeable and \
-                a.dtype == dt.np_dtype:
+            raise error(str(e)) from None
+        copy = checks.flag(copy, "copy", error)
+        offset = _offset(offset, error)
+        if dt.kind != "float" and a.dtype != dt.np_dtype and a.size:
+            with np.errstate(invalid="ignore"):
+                bad = a[a.astype(dt.np_dtype) != a]  # NaN, inf, a fraction, out of range
+            if bad.size:
+                checks.fill(bad.ravel()[0].item(), dt, "value", error)
+        exposed = not copy and a.base is None and a.flags.c_contiguous and \
+            a.flags.writeable and a.dtype == dt.np_dtype
+        if exposed:
+            other = _TAKEN.get(id(a))
+            if other is not None and other._value is a:
+                raise AliasingError(
+                    f"Parameter{f' {name!r}' if name else ''}: the array given with "
+                    f"copy=False is already the buffer of Parameter '{other.name}'; two "
+                    f"Parameters over one buffer would overwrite each other's updates (pass "
+                    f"copy=True, the default)")
             arr = a
         else:
             arr = memory.empty(a.shape, dt.np_dtype, offset)
             np.copyto(arr, a, casting="unsafe")
-        self._adopt(arr, dt, name)
+        self._adopt(arr, dt, name, exposed)
+        if exposed:
+            _TAKEN[id(a)] = self
 
     @classmethod
     def full(cls, shape: Any, fill: Any, dtype: Any, name: str | None = None,
              offset: int | None = None) -> Parameter:
         """A new Parameter of `shape` filled with `fill`, in a buffer placed by
         graphopt.memory (optimizer state: `offset=memory.offset_after(param, k)`)."""
-        dt = to_dtype(dtype)
+        error = _error(name)
+        dims = checks.shape(shape, "shape", error)
+        dt = checks.dtype(dtype, "dtype", error)
+        size = checks.nbytes(dims, dt, "shape", error)
+        fill = checks.fill(fill, dt, "fill", error)
+        offset = _offset(offset, error)
         p = cls.__new__(cls)
-        p._adopt(memory.full(shape, fill, dt.np_dtype, offset), dt, name)
+        try:
+            arr = memory.full(dims, fill, dt.np_dtype, offset)
+        except MemoryError:
+            raise error(f"shape {list(dims)} of {dt} needs {size:,} bytes, which cannot be "
+                        f"allocated") from None
+        p._adopt(arr, dt, name)
         return p
 
-    def _adopt(self, arr: np.ndarray, dt: DType, name: str | None) -> None:
+    def _adopt(self, arr: np.ndarray, dt: DType, name: str | None,
+               exposed: bool = False) -> None:
         if name is None:
             name = f"param{next(_counter)}"
         if not isinstance(name, str) or not _NAME.match(name):
@@ -63,6 +97,9 @@ class Parameter(Tensor):
         self.name = name
         self._value = arr  # owned, C-contiguous; updated in place by steps, never replaced
         self._type = TensorType(arr.shape, dt)
+        # `arr` is the caller's own array (copy=False): a step that updates this Parameter
+        # refuses an argument that shares its memory (backends/executable.py).
+        self._exposed = exposed
 
     @property
     def type(self) -> TensorType:  # type: ignore[override]
@@ -77,3 +114,20 @@ class Parameter(Tensor):
 
     def __repr__(self) -> str:
         return f"Parameter({self.name}: {self.type})"
+
+
+def _error(name: Any):
+    """A ParameterError naming the Parameter being made."""
+    return lambda message: ParameterError(
+        f"Parameter{f' {name!r}' if isinstance(name, str) else ''}: {message}")
+
+
+def _offset(offset: Any, error) -> int | None:
+    """None, or an int multiple of memory.ALIGN (a position in the page)."""
+    if offset is None:
+        return None
+    offset = checks.integer(offset, "offset", error)
+    if offset % memory.ALIGN:
+        raise error(f"offset {offset} must be a multiple of {memory.ALIGN} (a position in "
+                    f"the page, as memory.offset_after gives)")
+    return offset

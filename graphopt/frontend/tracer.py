@@ -22,8 +22,8 @@ from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import (AssignError, ExecutionError, GraphoptError, OpTypeError, ParameterError,
-                      SignatureError)
+from ..errors import (ArgumentError, AssignError, ExecutionError, GraphoptError, OpTypeError,
+                      ParameterError, SignatureError)
 from ..ir.analysis import producers, toposort, unordered_readers
 from ..ir.graph import Graph, Location, Value
 from ..ir.opdefs import constant_value
@@ -362,7 +362,10 @@ def depend(x: Any, *after: Any) -> Tensor:
     if trace is None:
         if isinstance(x, Parameter):  # its value now, as a traced depend reads @p's value now
             return EagerTensor(x.numpy())
-        return x if isinstance(x, Tensor) else EagerTensor(np.asarray(x))
+        if isinstance(x, Tensor):
+            return x
+        o = _operand(x, None)  # (what an op would refuse, depend refuses)
+        return EagerTensor(np.asarray(o.payload), o.weak)
     loc = user_location()
     o = _operand(x, trace)
     if o.type is None:
@@ -457,6 +460,9 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
                    ) -> Traced:
     """Trace fn on these arguments. `flat`: the arguments' leaves, paths, structure and leaf
     specs, when the caller (jit) has them already."""
+    if not callable(fn):
+        raise ArgumentError(f"the function to trace must be callable, got "
+                            f"{type(fn).__name__} {fn!r}")
     name = pytree.ir_name(getattr(fn, "__name__", "step").strip("<>")) or "step"
     if flat is None:
         leaves, paths, in_tree = pytree.flatten(bind_arguments(fn, args, kwargs or {}))
