@@ -112,8 +112,23 @@ class Parameter(Tensor):
     def __array__(self, dtype=None, copy=None):
         return self._value.copy() if dtype is None else self._value.astype(dtype)
 
+    # numpy's ufuncs are graphopt's ops on a Parameter too (Tensor), as its operators are.
+    # Its other functions: outside a trace, numpy's on its current value (np.allclose(p, x));
+    # inside one, graphopt's ops on @name (frontend/numpy_api.py).
+    def __array_function__(self, func, types, args, kwargs):
+        from .tracer import current_trace
+        if current_trace() is not None:
+            return super().__array_function__(func, types, args, kwargs)
+        return func(*_values(args), **dict(zip(kwargs, _values(kwargs.values()))))
+
     def __repr__(self) -> str:
         return f"Parameter({self.name}: {self.type})"
+
+
+def _values(xs: Any) -> list:
+    """numpy's arguments with each Parameter replaced by a copy of its value."""
+    return [x.numpy() if isinstance(x, Parameter) else
+            type(x)(_values(x)) if type(x) in (list, tuple) else x for x in xs]
 
 
 def _error(name: Any):

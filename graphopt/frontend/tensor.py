@@ -23,8 +23,17 @@ class Tensor:
     """Operators and methods shared by TracedTensor, EagerTensor and Parameter."""
 
     __slots__ = ()
-    __array_ufunc__ = None  # numpy defers to our reflected operators: ndarray * tensor works
     __hash__ = object.__hash__  # == builds a tensor, so identity is the hash
+
+    # numpy's ufuncs and common functions run graphopt's op (frontend/numpy_api.py):
+    # np.exp(t) is ops.exp(t), ndarray * t is ops.multiply(ndarray, t).
+    def __array_ufunc__(self, ufunc, method, *inputs, **kwargs):
+        from . import numpy_api
+        return numpy_api.ufunc(method, ufunc, inputs, kwargs)
+
+    def __array_function__(self, func, types, args, kwargs):
+        from . import numpy_api
+        return numpy_api.function(func, args, kwargs)
 
     type: TensorType
 
