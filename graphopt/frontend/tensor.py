@@ -85,6 +85,14 @@ class Tensor:
     def __ror__(self, o): return ops.logical_or(o, self)
     def __invert__(self): return ops.logical_not(self)
 
+    def __getitem__(self, index):
+        from ..errors import OpTypeError
+        from .tracer import user_location
+        raise OpTypeError(f"indexing a graphopt tensor ({self.type}[{index!r}]) is not "
+                          f"supported yet: use graphopt.ops.gather(x, indices) for rows along "
+                          f"axis 0, ops.reshape to add or drop an axis of size 1",
+                          loc=user_location())
+
     def sum(self, axis=None, keepdims: bool = False): return ops.sum(self, axis, keepdims)
     def mean(self, axis=None, keepdims: bool = False): return ops.mean(self, axis, keepdims)
     def max(self, axis=None, keepdims: bool = False): return ops.max(self, axis, keepdims)

@@ -84,6 +84,8 @@ OPS = [
     ("asarray-str", lambda: ops.asarray("x"), "unsupported dtype"),
     ("depend-str", lambda: ops.depend("a"), "str"),
     ("add-list", lambda: ops.add(w(), [1, 2, 3]), "list"),
+    ("index-int", lambda: w()[0], r"indexing a graphopt tensor.*ops\.gather"),
+    ("index-slice", lambda: (w() * 1.0)[1:3], "indexing a graphopt tensor"),
 ]
 
 FUNCTIONS = [
