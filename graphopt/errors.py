@@ -57,6 +57,10 @@ class ParseError(GraphoptError, ValueError):
         super().__init__(f"line {line}, column {col}: {message}{caret}")
 
 
+class ParseInputError(GraphoptError, TypeError):
+    """`parse` was given something that is not a str (bytes, None, a file object)."""
+
+
 class VerifyError(GraphoptError, ValueError):
     """A graph breaks an IR rule; the message names the node and the rule."""
 
