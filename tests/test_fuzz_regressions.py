@@ -115,9 +115,6 @@ def _signbits(fn, *args):
     return np.signbit(got.astype(np.float32)).tolist(), np.signbit(ref.astype(np.float32)).tolist()
 
 
-@pytest.mark.xfail(strict=True, reason="llvm.maximum/llvm.minimum order -0 below +0 (IEEE "
-                   "754-2019); numpy.maximum returns its second operand when they compare equal "
-                   "(its first for f16): maximum(+0, -0) is +0 in llvm, -0 in the interpreter")
 @pytest.mark.parametrize("dtype", [np.float32, np.float64])
 @pytest.mark.parametrize("op", ["maximum", "minimum"])
 def test_maximum_and_minimum_of_signed_zeros_give_the_interpreters_zero(op, dtype):
@@ -127,9 +124,6 @@ def test_maximum_and_minimum_of_signed_zeros_give_the_interpreters_zero(op, dtyp
     assert got == want
 
 
-@pytest.mark.xfail(strict=True, reason="llvm's sign returns x itself for -0 (emitter.sign: 'like "
-                   "numpy'), numpy's sign(-0.0) is +0.0: 1 / sign(x) is -inf on one backend and "
-                   "+inf on the other")
 @pytest.mark.parametrize("dtype", ["f16", "bf16", "f32", "f64"])
 def test_sign_of_negative_zero_gives_the_interpreters_zero(dtype):
     x = np.array([-0.0, 0.0, 1.0, -2.0] * 4, go.ir.to_dtype(dtype).np_dtype)
@@ -138,10 +132,6 @@ def test_sign_of_negative_zero_gives_the_interpreters_zero(dtype):
 
 
 # -- a full sum of a transposed value: eager and the interpreter add in different orders ----------
-@pytest.mark.xfail(strict=True, reason="the interpreter's kernel computes x.T * 100 as an "
-                   "F-ordered array and np.sum adds it in memory order; eager mode copies the "
-                   "transpose to C order first: pairwise sums in different orders, last bits "
-                   "apart, where the tutorial says eager and jit give the same numbers")
 def test_eager_and_jit_sum_a_transposed_value_alike():
     x = np.random.default_rng(0).standard_normal((64, 65)).astype(np.float32)
 

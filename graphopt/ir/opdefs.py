@@ -119,9 +119,20 @@ _elementwise("multiply", 2, np.multiply, NUM, lower=lambda e, x, y: e.mul(x, y),
 _elementwise("divide", 2, np.divide, FLOAT, lower=lambda e, x, y: e.div(x, y),
              vjp=(lambda ct, out, x, y: ct / y, lambda ct, out, x, y: -ct * out / y))
 _elementwise("power", 2, np.power, NUM, lower=lambda e, x, y: e.pow(x, y), vjp=(_power_dx, _power_dy))
-_elementwise("maximum", 2, np.maximum, NUM, lower=lambda e, x, y: e.maximum(x, y), doc="NaN-propagating, like numpy.maximum",
+# maximum and minimum: x where it wins or is NaN, else y. NaN-propagating like numpy's, and of
+# two values that compare equal (+0 and -0) always the second: numpy's own loops choose by dtype
+# and SIMD level; this, and the LLVM lowering, choose alike on every CPU.
+def _maximum(x: Any, y: Any) -> Any:
+    return np.where((x > y) | (x != x), x, y)
+
+
+def _minimum(x: Any, y: Any) -> Any:
+    return np.where((x < y) | (x != x), x, y)
+
+
+_elementwise("maximum", 2, _maximum, NUM, lower=lambda e, x, y: e.maximum(x, y), doc="NaN-propagating, like numpy.maximum",
              vjp=_extremum_vjp(lambda a, b: a > b))
-_elementwise("minimum", 2, np.minimum, NUM, lower=lambda e, x, y: e.minimum(x, y), doc="NaN-propagating, like numpy.minimum",
+_elementwise("minimum", 2, _minimum, NUM, lower=lambda e, x, y: e.minimum(x, y), doc="NaN-propagating, like numpy.minimum",
              vjp=_extremum_vjp(lambda a, b: a < b))
 _elementwise("negative", 1, np.negative, NUM, lower=lambda e, x: e.neg(x), vjp=(lambda ct, out, x: -ct,))
 _elementwise("abs", 1, np.abs, NUM, lower=lambda e, x: e.abs(x), vjp=(lambda ct, out, x: ct * ops.sign(x),))
@@ -202,6 +213,9 @@ def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...],
         return [TensorType(shape, x.dtype)]
 
     def run(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        # numpy adds in memory order: C order, as eager mode holds values, so a transposed
+        # value sums alike in both
+        x = np.asarray(x, order="C")
         if x.dtype in _HALVES:
             # f16 and bf16 accumulate in f32 and round once (numpy does so for f16 only; a
             # bf16 sum in bf16 stops growing after a few hundred elements)

@@ -105,10 +105,11 @@ class Emitter:
 
     def sign(self, x):
         zero, one = self.like(x, 0), self.like(x, 1)
-        if _is_float(x):  # x itself for 0, -0 and NaN, like numpy
+        if _is_float(x):  # +0 for 0 and -0, NaN for NaN, like numpy
             pos = self.b.fcmp_ordered(">", x, zero)
             neg = self.b.fcmp_ordered("<", x, zero)
-            return self.b.select(pos, one, self.b.select(neg, self.like(x, -1), x))
+            rest = self.b.select(self.b.fcmp_unordered("uno", x, x), x, zero)
+            return self.b.select(pos, one, self.b.select(neg, self.like(x, -1), rest))
         pos = self.b.zext(self.b.icmp_signed(">", x, zero), x.type)
         neg = self.b.zext(self.b.icmp_signed("<", x, zero), x.type)
         return self.b.sub(pos, neg)
@@ -148,14 +149,18 @@ class Emitter:
         return self.intrinsic("llvm.pow", x, y)
 
     def maximum(self, x, y):
-        if _is_float(x):  # NaN-propagating, like numpy.maximum
-            return self.intrinsic("llvm.maximum", x, y)
-        return self.b.select(self.b.icmp_signed(">", x, y), x, y)
+        return self._extremum(">", x, y)
 
     def minimum(self, x, y):
-        if _is_float(x):
-            return self.intrinsic("llvm.minimum", x, y)
-        return self.b.select(self.b.icmp_signed("<", x, y), x, y)
+        return self._extremum("<", x, y)
+
+    def _extremum(self, op: str, x, y):
+        """x where it wins or is NaN, else y: the registry's maximum/minimum (of +0 and -0,
+        the second; llvm.maximum would order -0 below +0)."""
+        if not _is_float(x):
+            return self.b.select(self.b.icmp_signed(op, x, y), x, y)
+        wins = self.b.or_(self.b.fcmp_ordered(op, x, y), self.b.fcmp_unordered("uno", x, x))
+        return self.b.select(wins, x, y)
 
     # -- comparisons and logic --------------------------------------------------------------
     def compare(self, op: str, x, y):

@@ -24,7 +24,7 @@ from .target import Target, baseline, llvm_lock, selected
 if TYPE_CHECKING:
     from llvmlite import ir  # modules come from codegen; a warm start never imports it
 
-CODEGEN_VERSION = "3"  # bump when generated code changes for the same kernel text
+CODEGEN_VERSION = "4"  # bump when generated code changes for the same kernel text
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_void_p)
 
