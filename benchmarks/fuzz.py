@@ -1543,13 +1543,16 @@ def code_under_test(head: str | None) -> str:
                                  if dirty else " (clean)")
 
 
-def report(results: list[dict], *, command: str, levels: list[str], probed: dict,
-           seconds: float, avoid: frozenset[str], code: str = "", planned: int = 0,
-           cache: str | None = None) -> str:
-    commit = _git("rev-parse", "--short", "HEAD") or "unknown"
+def version() -> str:
+    """The sha1 of this file: the programs a seed makes depend on it."""
     import hashlib
     with open(os.path.abspath(__file__), "rb") as f:
-        version = hashlib.sha1(f.read()).hexdigest()[:12]
+        return hashlib.sha1(f.read()).hexdigest()[:12]
+
+
+def report(results: list[dict], *, command: str, levels: list[str], probed: dict,
+           seconds: float, avoid: frozenset[str], code: str = "", planned: int = 0,
+           cache: str | None = None, commit: str = "unknown", fuzz_version: str = "") -> str:
     name, flags = cpu_summary()
     counts = {k: sum(r["status"] == k for r in results) for k in ("ok", "rejected", "mismatch",
                                                                      "crash")}
@@ -1557,8 +1560,8 @@ def report(results: list[dict], *, command: str, levels: list[str], probed: dict
                    key=lambda m: (m != "interpreter", m != "eager", m))
     lines = ["# Differential fuzzing: eager, interpreter and LLVM", "",
              f"- command: `{command}`", f"- commit: {commit}; code tested: {code}",
-             f"- fuzz.py version {version} (sha1 of the file): a seed names a program of this "
-             f"version; another version makes other programs of the same seeds",
+             f"- fuzz.py version {fuzz_version} (sha1 of the file): a seed names a program of this "
+             f"version (`--replay SEED` with another one may make another program)",
              f"- CPU: {name}; flags: {flags}"]
     ran = [lv for lv in levels if not probed.get(lv, {}).get("skipped")]
     lines.append(f"- levels run: {', '.join(ran) or 'none'}")
@@ -1705,6 +1708,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--head", action="store_true",
                     help="test graphopt as committed at HEAD, not the working tree")
     args = ap.parse_args(argv)
+    # Taken before anything runs: others may commit while a long campaign goes on.
+    commit, fuzz_version = _git("rev-parse", "--short", "HEAD") or "unknown", version()
     head = export_head() if args.head else None
     if head:  # for this process and the workers (spawn passes sys.path on)
         sys.path.insert(0, head)
@@ -1734,7 +1739,8 @@ def main(argv: list[str] | None = None) -> int:
     def write(results: list[dict], running: bool = False) -> None:
         text = report(sorted(results, key=lambda r: r["seed"]), command=command.strip(),
                       levels=levels, probed=probed, seconds=time.monotonic() - start,
-                      avoid=avoid, code=code, planned=args.programs, cache=args.cache_dir)
+                      avoid=avoid, code=code, planned=args.programs, cache=args.cache_dir,
+                      commit=commit, fuzz_version=fuzz_version)
         if running:
             text = text.replace("\n- programs:", "\n- (still running: an interim report)"
                                                   "\n- programs:", 1)
