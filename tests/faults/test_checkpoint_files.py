@@ -279,7 +279,7 @@ PATH_CASES = {
     "fifo": (_fifo, "is a FIFO, not a checkpoint file"),
     "dangling-symlink": (_dangling, "no such file"),
     "symlink-to-directory": (_link_to_dir, "is a directory"),
-    "device": (lambda t: "/dev/null" if os.path.exists("/dev/null") else pytest.skip(),
+    "device": (lambda t: "/dev/null" if os.path.exists("/dev/null") else pytest.skip("this system has no /dev/null"),
                "not a regular file"),
     "unreadable": (_unreadable, "cannot be opened.*Permission denied"),
 }
