@@ -141,10 +141,6 @@ def symbols(object_code: bytes) -> tuple[set[str], list[str]]:
                         f"symbols cannot be checked, so it is not loaded")
 
 
-def undefined_symbols(object_code: bytes) -> list[str]:
-    return symbols(object_code)[1]
-
-
 def _elf_symbols(obj: bytes) -> tuple[set[str], list[str]]:
     if obj[4] != 2:
         raise ValueError("32-bit ELF (graphopt reads ELF64)")
