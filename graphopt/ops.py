@@ -13,7 +13,7 @@ from typing import Any, Sequence
 import numpy as np
 
 from .errors import OpTypeError
-from .frontend import checks
+from .frontend import checks, indexing
 from .frontend.tensor import Tensor
 from .frontend.tracer import assign, bind, depend, user_location
 from .ir.opdefs import constant_value
@@ -25,7 +25,8 @@ __all__ = [
     "abs", "sign", "maximum", "minimum", "where", "isfinite", "less", "less_equal", "greater",
     "greater_equal", "equal", "not_equal", "logical_and", "logical_or", "logical_not", "cast",
     "asarray",
-    "sum", "max", "mean", "reshape", "broadcast_to", "transpose", "matmul", "full", "zeros",
+    "sum", "max", "mean", "reshape", "broadcast_to", "transpose", "slice", "slice_scatter",
+    "index", "index_update", "matmul", "full", "zeros",
     "ones", "full_like", "zeros_like", "ones_like", "depend", "assign",
     "relu", "tanh", "sigmoid", "softplus", "gelu", "stop_gradient", "log_softmax", "softmax",
     "softmax_cross_entropy", "mse_loss", "gather", "scatter_add", "one_hot", "arange",
@@ -157,6 +158,56 @@ def transpose(x: Any, axes: Sequence[int] | None = None) -> Tensor:
     perm = tuple(reversed(range(ndim))) if axes is None else \
         checks.permutation(axes, ndim, "transpose: axes", _error)
     return bind("transpose", [x], {"perm": perm})
+
+
+def slice(x: Any, starts: Sequence[int], stops: Sequence[int], steps: Sequence[int] | None = None,
+          shape: Sequence[int] | None = None) -> Tensor:
+    """The elements range(start, stop, step) along each axis (0 <= start <= n, -1 <= stop <= n:
+    no wrap-around), like jax.lax.slice; `shape` may drop or add axes of size 1. x[key] is
+    the same op with numpy's rules (`index`)."""
+    starts, stops = (tuple(checks.integer(i, f"slice: {what}", _error) for i in v)
+                     for what, v in (("starts", starts), ("stops", stops)))
+    steps = (1,) * len(starts) if steps is None else \
+        tuple(checks.integer(i, "slice: steps", _error) for i in steps)
+    if shape is None:
+        shape = tuple(len(range(a, b, c)) if c else 0
+                      for a, b, c in zip(starts, stops, steps))
+    return bind("slice", [x], {"starts": starts, "stops": stops, "steps": steps,
+                               "shape": checks.shape(shape, "slice: shape", _error)})
+
+
+def slice_scatter(x: Any, src: Any, starts: Sequence[int], stops: Sequence[int],
+                  steps: Sequence[int] | None = None) -> Tensor:
+    """x with the slice `slice(x, starts, stops, steps)` replaced by src (torch.slice_scatter
+    over every axis at once); src has the slice's shape, up to axes of size 1."""
+    steps = (1,) * len(starts) if steps is None else steps
+    return bind("slice_scatter", [x, src],
+                {what: tuple(checks.integer(i, f"slice_scatter: {what}", _error) for i in v)
+                 for what, v in (("starts", starts), ("stops", stops), ("steps", steps))})
+
+
+def _basic_index(x: Any, key: Any) -> indexing.BasicIndex:
+    shape = _shape(x)
+    what = str(x.type) if isinstance(x, Tensor) else f"an array of shape {list(shape)}"
+    return indexing.resolve(shape, key, _error, what)
+
+
+def index(x: Any, key: Any) -> Tensor:
+    """x[key] with numpy's basic indexing: ints, slices, None and ... (one `slice` op; a
+    key that keeps every element only reshapes)."""
+    ix = _basic_index(x, key)
+    if ix.selects_all(_shape(x)):
+        return reshape(x, ix.shape)
+    return bind("slice", [x], ix._asdict())
+
+
+def index_update(x: Any, key: Any, value: Any) -> Tensor:
+    """x with x[key] set to value (broadcast to x[key]'s shape): numpy's x[key] = value as a
+    new tensor, like JAX's x.at[key].set(value). A Parameter changes only by assign."""
+    ix = _basic_index(x, key)
+    src = broadcast_to(cast(value, _dtype(x)), ix.shape)
+    return bind("slice_scatter", [x, src], {k: getattr(ix, k) for k in ("starts", "stops",
+                                                                          "steps")})
 
 
 def matmul(x: Any, y: Any) -> Tensor:

@@ -86,6 +86,17 @@ def transpose_example(data, rng):
     return Example([normal(rng, shape), tuple(perm)], (0,))
 
 
+def index_example(data, rng):
+    shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=3, **SIDE))
+    return Example([normal(rng, shape), data.draw(hnp.basic_indices(shape, allow_newaxis=True))],
+                   (0,))
+
+
+def index_update_example(data, rng):
+    x, key = index_example(data, rng).inputs
+    return Example([x, key, normal(rng, x[key].shape)], (0, 2))
+
+
 def matmul_example(data, rng):
     m, k, n = (data.draw(st.integers(1, 3)) for _ in range(3))
     batch = data.draw(hnp.mutually_broadcastable_shapes(num_shapes=2, max_dims=2, **SIDE))
@@ -152,6 +163,8 @@ CASES: dict[str, Case] = {
     "reshape": Case(ops.reshape, reshape_example),
     "broadcast_to": Case(ops.broadcast_to, broadcast_to_example),
     "transpose": Case(ops.transpose, transpose_example),
+    "slice": Case(ops.index, index_example),
+    "slice_scatter": Case(ops.index_update, index_update_example),
     "matmul": Case(ops.matmul, matmul_example),
     "depend": Case(ops.depend, unary()),
     "relu": Case(ops.relu, unary()),

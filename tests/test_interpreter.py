@@ -251,19 +251,22 @@ def test_every_op_in_the_registry_runs(rng):
                 ops.where(x > y, x, y), ops.cast(x, "f32"), ops.sum(x, 1), ops.max(x, 0),
                 ops.mean(x), ops.reshape(x, (3, 2)), ops.broadcast_to(x, (4, 2, 3)),
                 ops.transpose(x), ops.matmul(x, ops.transpose(y)), ops.full((2,), 3.0),
-                ops.depend(x, y), *network_ops(x, y)]
+                ops.depend(x, y), ops.slice(x, (1, 2), (2, -1), (1, -2)),
+                ops.slice_scatter(x, y[:1], (0, 0), (1, 3)), *network_ops(x, y)]
 
     want = [x + y, x - y, x * y, x / y, x ** y, np.maximum(x, y), np.minimum(x, y), -x,
             np.abs(x - 1), np.sign(x - 1), np.sqrt(x), 1 / np.sqrt(x), np.exp(x), np.log(x),
             np.isfinite(x), x < y, x <= y, x > y, x >= y, x == y, x != y, (x > 1) & (y > 1),
             (x > 1) | (y > 1), ~(x > 1), np.where(x > y, x, y), x.astype(np.float32),
             x.sum(1), x.max(0), x.mean(), x.reshape(3, 2), np.broadcast_to(x, (4, 2, 3)), x.T,
-            x @ y.T, np.full(2, 3.0, np.float32), x, *network_ops_numpy(x, y)]
+            x @ y.T, np.full(2, 3.0, np.float32), x, x[1:2, 2::-2],
+            np.concatenate([y[:1], x[1:]]), *network_ops_numpy(x, y)]
     graph = go.trace(step, x, y)
     used = {n.op for n in graph.nodes}
     assert used == set(ops.__all__) - {"assign", "cast", "full", "zeros", "ones", "full_like",
                                        "zeros_like", "ones_like", "softmax", "one_hot",
-                                       "arange", "asarray"} | {"cast", "constant"}
+                                       "arange", "asarray", "index", "index_update"} | \
+        {"cast", "constant"}
     got = go.jit(step)(x, y)
     assert len(got) == len(want)
     for i, (g, w) in enumerate(zip(got, want)):

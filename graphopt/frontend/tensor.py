@@ -85,12 +85,14 @@ class Tensor:
     def __ror__(self, o): return ops.logical_or(o, self)
     def __invert__(self): return ops.logical_not(self)
 
-    def __getitem__(self, index):
+    def __getitem__(self, key): return ops.index(self, key)
+
+    def __setitem__(self, key, value):
         from ..errors import OpTypeError
         from .tracer import user_location
-        raise OpTypeError(f"indexing a graphopt tensor ({self.type}[{index!r}]) is not "
-                          f"supported yet: use graphopt.ops.gather(x, indices) for rows along "
-                          f"axis 0, ops.reshape to add or drop an axis of size 1",
+        raise OpTypeError("a graphopt tensor is a value and cannot change: use "
+                          "graphopt.ops.index_update(x, key, value) for a new tensor with "
+                          "x[key] = value, and assign(p, ...) to change a Parameter",
                           loc=user_location())
 
     def sum(self, axis=None, keepdims: bool = False): return ops.sum(self, axis, keepdims)

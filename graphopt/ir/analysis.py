@@ -5,6 +5,7 @@ import heapq
 from typing import Iterable
 
 from .graph import Graph, Node, Value
+from .types import contiguous_strides
 
 
 def producers(graph: Graph) -> dict[Value, Node]:
@@ -102,3 +103,22 @@ def in_order(graph: Graph) -> bool:
 def has_effect(node: Node) -> bool:
     """Whether a node changes state: an assign, a store, or a kernel that stores."""
     return node.op in ("assign", "store") or (node.body is not None and bool(node.body.effects))
+
+
+def view_source(v: Value) -> tuple[Value, int, tuple[int, ...]]:
+    """Where v's elements lie when it is made by views (OpDef.view) of another value: that
+    value (the base, taken C-contiguous), v's first element's offset in it and v's strides
+    (elements). A value made otherwise is its own base: (v, 0, its C strides)."""
+    chain = []
+    while v.node is not None and v.node.body is None and v.node.opdef.view is not None:
+        chain.append(v.node)
+        v = v.node.inputs[0]
+    base, offset, strides = v, 0, contiguous_strides(v.shape)
+    for node in reversed(chain):
+        out = node.outputs[0]
+        layout = node.opdef.view(node.inputs[0].shape, strides, out.shape, node.attrs)
+        if layout is None:  # not expressible in the base: the view is made (copied) here
+            base, offset, strides = out, 0, contiguous_strides(out.shape)
+        else:
+            offset, strides = offset + layout[0], layout[1]
+    return base, offset, strides

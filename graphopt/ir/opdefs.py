@@ -22,7 +22,8 @@ from ..errors import OpTypeError
 from .registry import (BOOL_ATTR, CONSTANT, CONTROL, DTYPE_ATTR, EFFECT, ELEMENTWISE, INDEX,
                        INT_ATTR, INTS_ATTR, LINALG, NN, REDUCTION, SHAPE, SHAPE_ATTR, VALUE_ATTR,
                        OpDef, VjpRule, register)
-from .types import DType, TensorType, Type, bf16, bool_, f16, to_dtype, token, value_problem
+from .types import (DType, TensorType, Type, bf16, bool_, contiguous_strides, f16, to_dtype,
+                    token, value_problem)
 
 NUM = ("float", "int")
 FLOAT = ("float",)
@@ -277,18 +278,144 @@ def _transpose_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]
     return [TensorType(tuple(x.shape[p] for p in perm), x.dtype)]
 
 
+# -- views: how a shape op's result lies in its input's memory (OpDef.view) -------------------
+def _squeezed(shape: Sequence[int]) -> list[int]:
+    return [n for n in shape if n != 1]
+
+
+def _unit_axes_view(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int]
+                    ) -> tuple[int, ...]:
+    """The strides of `out_shape`, which is `shape` with axes of size 1 dropped or added: the
+    other axes keep theirs, in order (an axis of size 1 is never stepped along)."""
+    kept = iter(s for n, s in zip(shape, strides) if n != 1)
+    return tuple(0 if n == 1 else next(kept) for n in out_shape)
+
+
+def _reshape_view(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                  attrs: dict[str, Any]) -> tuple[int, tuple[int, ...]] | None:
+    if _squeezed(shape) == _squeezed(out_shape):
+        return 0, _unit_axes_view(shape, strides, out_shape)
+    kept = [(n, s) for n, s in zip(shape, strides) if n != 1]
+    dense = contiguous_strides(tuple(n for n, _ in kept))
+    if math.prod(shape) == 0 or all(s == d for (_, s), d in zip(kept, dense)):
+        return 0, contiguous_strides(tuple(out_shape))
+    return None  # a strided input regrouped: numpy copies, and so must a backend
+
+
+def _transpose_view(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                    attrs: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+    return 0, tuple(strides[p] for p in attrs["perm"])
+
+
+def _broadcast_to_view(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                       attrs: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+    lead = len(out_shape) - len(shape)
+    return 0, (0,) * lead + tuple(0 if n == 1 else s for n, s in zip(shape, strides))
+
+
+def _identity_view(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                   attrs: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+    return 0, tuple(strides)
+
+
 register(OpDef("reshape", SHAPE, _reshape_infer,
                lambda x, shape: np.reshape(x, tuple(shape)), attrs=("shape",),
                attr_kinds=(SHAPE_ATTR,),
-               vjp=(lambda ct, out, x, shape: ops.reshape(ct, x.shape),)))
+               vjp=(lambda ct, out, x, shape: ops.reshape(ct, x.shape),), view=_reshape_view))
 register(OpDef("broadcast_to", SHAPE, _broadcast_to_infer,
                lambda x, shape: np.broadcast_to(x, tuple(shape)), attrs=("shape",),
                attr_kinds=(SHAPE_ATTR,),
-               vjp=(_identity_vjp,)))  # ct has the broadcast shape: autodiff sums it back
+               vjp=(_identity_vjp,),  # ct has the broadcast shape: autodiff sums it back
+               view=_broadcast_to_view))
 register(OpDef("transpose", SHAPE, _transpose_infer,
                lambda x, perm: np.transpose(x, tuple(perm)), attrs=("perm",),
                attr_kinds=(INTS_ATTR,),
-               vjp=(lambda ct, out, x, perm: ops.transpose(ct, tuple(np.argsort(perm))),)))
+               vjp=(lambda ct, out, x, perm: ops.transpose(ct, tuple(np.argsort(perm))),),
+               view=_transpose_view))
+
+
+# -- slice and slice_scatter: basic indexing ------------------------------------------------------
+# Along each axis the elements range(start, stop, step), Python's range: 0 <= start <= n,
+# -1 <= stop <= n (-1: past the first element, for a negative step), step != 0; no wrap-around
+# (the frontend resolves x[-1] and x[::-1] to this form). A slice's result may drop or add
+# axes of size 1 (x[0], x[:, None]), as MLIR's rank-reducing extract_slice drops them.
+def _slice_counts(op: str, x: TensorType, attrs: dict[str, Any]) -> tuple[int, ...]:
+    starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
+    if not len(starts) == len(stops) == len(steps) == x.ndim:
+        raise OpTypeError(f"{op}: starts, stops and steps need one entry per axis of {x}, got "
+                          f"{len(starts)}, {len(stops)} and {len(steps)}")
+    counts = []
+    for axis, (n, a, b, c) in enumerate(zip(x.shape, starts, stops, steps)):
+        r = range(a, b, c) if c else range(0)
+        if c == 0 or not (0 <= a <= n and -1 <= b <= n) or r and not (0 <= r[0] < n and 0 <= r[-1] < n):
+            raise OpTypeError(f"{op}: axis {axis} of {x}: range({a}, {b}, {c}) is not a slice "
+                              f"of {n} elements (0 <= start <= {n}, -1 <= stop <= {n}, "
+                              f"step != 0)")
+        counts.append(len(r))
+    return tuple(counts)
+
+
+def _fits_counts(op: str, what: str, shape: Sequence[int], counts: Sequence[int]) -> None:
+    if _squeezed(shape) != _squeezed(counts):
+        raise OpTypeError(f"{op}: {what} {list(shape)} is not the slice's shape {list(counts)} "
+                          f"(only axes of size 1 may be dropped or added)")
+
+
+def _slice_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    (x,) = _tensors("slice", types, 1)
+    shape = tuple(attrs["shape"])
+    _fits_counts("slice", "the result shape", shape, _slice_counts("slice", x, attrs))
+    return [TensorType(shape, x.dtype)]
+
+
+def _slice_scatter_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    x, src = _tensors("slice_scatter", types, 2)
+    if src.dtype != x.dtype:
+        raise OpTypeError(f"slice_scatter: the source {src} must have the dtype of {x}")
+    _fits_counts("slice_scatter", "the source's shape", src.shape,
+                 _slice_counts("slice_scatter", x, attrs))
+    return [x]
+
+
+def _slices(starts: Sequence[int], stops: Sequence[int], steps: Sequence[int]) -> tuple:
+    return tuple(slice(a, None if b < 0 else b, c) for a, b, c in zip(starts, stops, steps))
+
+
+def _slice_impl(x: np.ndarray, starts, stops, steps, shape) -> np.ndarray:
+    return x[_slices(starts, stops, steps)].reshape(tuple(shape))
+
+
+def _slice_scatter_impl(x: np.ndarray, src: np.ndarray, starts, stops, steps) -> np.ndarray:
+    out = np.array(x, copy=True)
+    index = _slices(starts, stops, steps)
+    out[index] = np.reshape(src, out[index].shape)
+    return out
+
+
+def _slice_view(shape: Sequence[int], strides: Sequence[int], out_shape: Sequence[int],
+                attrs: dict[str, Any]) -> tuple[int, tuple[int, ...]]:
+    starts, stops, steps = attrs["starts"], attrs["stops"], attrs["steps"]
+    counts = [len(range(a, b, c)) for a, b, c in zip(starts, stops, steps)]
+    offset = sum(a * s for a, s in zip(starts, strides)) if all(counts) else 0
+    return offset, _unit_axes_view(counts, [c * s for c, s in zip(steps, strides)], out_shape)
+
+
+_SLICE = ("starts", "stops", "steps")
+
+
+register(OpDef("slice", SHAPE, _slice_infer, _slice_impl, attrs=_SLICE + ("shape",),
+               attr_kinds=(INTS_ATTR, INTS_ATTR, INTS_ATTR, SHAPE_ATTR), type_attrs=("shape",),
+               doc="the elements range(start, stop, step) along each axis (basic indexing)",
+               vjp=(lambda ct, out, x, starts, stops, steps, shape: ops.slice_scatter(
+                   ops.zeros(x.shape, x.dtype), ct, starts, stops, steps),),
+               view=_slice_view))
+register(OpDef("slice_scatter", SHAPE, _slice_scatter_infer, _slice_scatter_impl, attrs=_SLICE,
+               attr_kinds=(INTS_ATTR, INTS_ATTR, INTS_ATTR),
+               doc="x with its slice (as in slice) replaced by the source",
+               vjp=(lambda ct, out, x, src, starts, stops, steps: ops.slice_scatter(
+                        ct, ops.zeros(src.shape, src.dtype), starts, stops, steps),
+                    lambda ct, out, x, src, starts, stops, steps: ops.slice(
+                        ct, starts, stops, steps, src.shape))))
 
 
 def _matmul_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -399,7 +526,7 @@ register(OpDef("assign", EFFECT, _assign_infer,
                doc="assign @p, v: at the end of the step @p holds v; yields a token"))
 register(OpDef("depend", CONTROL, _depend_infer, lambda x: x,
                doc="depend x after(t...): x, ordered after the values and tokens t",
-               vjp=(_identity_vjp,)))
+               vjp=(_identity_vjp,), view=_identity_view))
 
 
 # -- activations: elementwise, for small networks -------------------------------------------------

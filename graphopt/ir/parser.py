@@ -44,7 +44,7 @@ import numpy as np
 from ..errors import ParseError, ParseInputError
 from .graph import Graph, Location, Node, Value
 from .opdefs import constant_value
-from .registry import REGISTRY
+from .registry import REGISTRY, VALUE_ATTR
 from .types import DTYPES, TensorType, Type, token, value_problem
 
 _STRING = r'"(?:[^"\\\n]|\\.)*"'
@@ -263,10 +263,11 @@ class _Parser:
         loc = self.loc() if self.at("loc") else None
         if len(types) != len(results):
             raise self.error(f"{len(results)} result name(s) but {len(types)} type(s)", colon)
-        typed = bool(op.type_attrs)  # constant: attributes read off the result type
-        if typed and (len(types) != 1 or not isinstance(types[0], TensorType)):
+        if op.type_attrs and (len(types) != 1 or not isinstance(types[0], TensorType)):
             raise self.error(f"{op.name} has one tensor result", colon)
-        attrs = {name: self.attr_data(tok, value, types if typed else None)
+        # A value attribute (a constant's) is data of the result type.
+        data = {name for name, kind in zip(op.attrs, op.attr_kinds) if kind is VALUE_ATTR}
+        attrs = {name: self.attr_data(tok, value, types if name in data else None)
                  for name, (_, tok, value) in raw_attrs.items()}
         for name in op.type_attrs:
             # A constant's shape and dtype are not printed: they are read off the result type,
@@ -286,9 +287,9 @@ class _Parser:
 
     def attr_data(self, tok: Token, value: Any, types: list[Type] | None) -> Any:
         """The attribute a parsed value stands for. Lists become tuples (axes, shape, perm are
-        tuples of int), except in an op typed by its attributes (`types` given: constant),
-        where a list is array data of the result type and a number is rounded to it, as the
-        tracer stores it (so equal constants have equal attributes)."""
+        tuples of int), except in a value attribute (`types` given: a constant's), where a
+        list is array data of the result type and a number is rounded to it, as the tracer
+        stores it (so equal constants have equal attributes)."""
         if types is not None and isinstance(value, (bool, int, float, list)):
             problem = value_problem(value, types[0].dtype)  # before rounding it to the dtype
             if problem is not None:

@@ -91,6 +91,13 @@ VALUE_ATTR = AttrKind("a number or an array",
                       lambda x: isinstance(x, (np.ndarray, bool, int, float)))
 
 
+# A view rule (OpDef.view): how an op's result addresses the elements of its first input
+# without copying them, as numpy's strided arrays do. view(in_shape, in_strides, out_shape,
+# attrs) -> (offset, strides), in elements, of the result given the input's strides; None
+# where that layout cannot be expressed (the result must be a copy).
+ViewRule = Callable[..., "tuple[int, tuple[int, ...]] | None"]
+
+
 # A VJP rule: rule(ct, out, *inputs, **attrs) -> the gradient for one input, built with
 # graphopt.ops (so the backward graph is ordinary nodes). ct is the cotangent of the output.
 VjpRule = Callable[..., Any]
@@ -124,6 +131,9 @@ class OpDef:
     # result's dtype itself (a comparison's bool, a cast's attribute) instead of taking theirs.
     dtype_group: tuple[int, ...] | None = None
     fixed_dtype: bool = False
+    # A view (reshape, transpose, slice, ...): its result is its first input's elements, read
+    # in a new layout; a backend may read them where they lie instead of making the result.
+    view: ViewRule | None = None
 
 
 REGISTRY: dict[str, OpDef] = {}

@@ -124,6 +124,15 @@ def shape_problem(shape: tuple[int, ...], itemsize: int = 1) -> str | None:
     return None
 
 
+def contiguous_strides(shape: tuple[int, ...]) -> tuple[int, ...]:
+    """Element strides of a C-contiguous array of `shape`."""
+    out, step = [], 1
+    for size in reversed(shape):
+        out.append(step)
+        step *= size
+    return tuple(out[::-1])
+
+
 def value_problem(value: object, dtype: DType) -> str | None:
     """What keeps `value` (a number, a nested list of numbers, an array) from being values of
     the dtype, element by element, or None: an int dtype takes integers in its range (not

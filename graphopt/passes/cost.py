@@ -21,12 +21,10 @@ def node_bytes(node: Node) -> tuple[int, int]:
         c = kernel_cost(node)
         return (c.read_per_element * c.elements + c.fixed_bytes,
                 c.write_per_element * c.elements)
-    if node.op in ("constant", "depend"):
+    if node.op == "constant" or node.opdef.view is not None:  # a view: nothing moves
         return 0, 0
     if node.op == "assign":
         return _nbytes(node.inputs[1]), _nbytes(node.inputs[0])
-    if node.op in ("reshape",):  # a view: nothing moves
-        return 0, 0
     return sum(_nbytes(v) for v in node.inputs), sum(_nbytes(v) for v in node.outputs)
 
 

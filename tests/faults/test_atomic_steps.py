@@ -94,7 +94,7 @@ def test_only_what_is_stored_before_a_node_that_can_fail_is_backed_up():
 
     def step(g):
         go.assign(w, w - g)
-        t = ops.transpose(ops.reshape(w, (8, 1)) * ops.reshape(w, (1, 8)))  # needs the new w
+        t = ops.matmul(ops.reshape(w, (8, 1)), ops.reshape(w, (1, 8)))  # numpy, needs the new w
         go.assign(v, v + t)
         return t.sum()
 

@@ -84,8 +84,13 @@ OPS = [
     ("asarray-str", lambda: ops.asarray("x"), "unsupported dtype"),
     ("depend-str", lambda: ops.depend("a"), "str"),
     ("add-list", lambda: ops.add(w(), [1, 2, 3]), "list"),
-    ("index-int", lambda: w()[0], r"indexing a graphopt tensor.*ops\.gather"),
-    ("index-slice", lambda: (w() * 1.0)[1:3], "indexing a graphopt tensor"),
+    ("index-array", lambda: w()[np.array([0])], r"only basic indexing.*ops\.gather"),
+    ("index-out-of-bounds", lambda: (w() * 1.0)[9], "out of bounds for axis 0"),
+    ("index-float", lambda: w()[1.5], "only basic indexing"),
+    ("slice-float", lambda: ops.slice(w(), (0.5,), (1,)), "slice: starts must be an int"),
+    ("slice-out-of-range", lambda: ops.slice(w(), (0, 0), (9, 1)), "is not a slice of"),
+    ("slice_scatter-shape", lambda: ops.slice_scatter(w(), np.ones(3, np.float32), (0, 0),
+                                                      (1, 1)), "not the slice's shape"),
 ]
 
 FUNCTIONS = [

@@ -10,12 +10,13 @@ import functools
 import hashlib
 import math
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import Mapping, NamedTuple
 
 from ...errors import LoweringError
 from ...ir.graph import Node
 from ...ir.kernel import columns, instance_rows, layout
 from ...ir.printer import format_graph
+from ...ir.types import contiguous_strides
 
 BLOCK_ELEMENTS = 8192  # elements per reduction block (a few pages of each operand)
 
@@ -60,20 +61,25 @@ class KernelABI:
         return sum(i.blocks for i in self.instances)
 
 
-def _strides(shape: tuple[int, ...], space: tuple[int, ...]) -> list[int]:
-    """Element strides of a C-contiguous array of `shape` broadcast into `space`."""
-    shape = (1,) * (len(space) - len(shape)) + tuple(shape)
-    out, step = [], 1
-    for size, full in reversed(list(zip(shape, space))):
-        out.append(step if size == full and full != 1 else 0)
-        step *= size
-    return out[::-1]
+# The element strides of operands a kernel reads where they lie, in another array's memory (a
+# view: a slice, a transpose, ...), by operand index; the others are C-contiguous.
+Strided = Mapping[int, tuple[int, ...]]
 
 
-def collapse(space: tuple[int, ...], shapes: list[tuple[int, ...]]) -> tuple[tuple[int, ...],
-                                                                           list[tuple[int, ...]]]:
+def _in_space(shape: tuple[int, ...], space: tuple[int, ...],
+              strides: tuple[int, ...] | None = None) -> list[int]:
+    """Element strides of an array of `shape` (C-contiguous unless `strides` are given)
+    broadcast into `space`: 0 along the axes it broadcasts over."""
+    strides = contiguous_strides(shape) if strides is None else strides
+    lead = len(space) - len(shape)
+    return [0] * lead + [st if size == full and full != 1 else 0
+                         for size, full, st in zip(shape, space[lead:], strides)]
+
+
+def collapse(space: tuple[int, ...], shapes: list[tuple[int, ...]],
+             strided: Strided = {}) -> tuple[tuple[int, ...], list[tuple[int, ...]]]:
     """Drop size-1 dimensions and merge neighbours that every array walks contiguously."""
-    per = [_strides(s, space) for s in shapes]
+    per = [_in_space(s, space, strided.get(j)) for j, s in enumerate(shapes)]
     dims: list[int] = []
     strides: list[list[int]] = [[] for _ in shapes]
     for k, size in enumerate(space):
@@ -106,9 +112,10 @@ def flags(fastmath: bool) -> str:
     return f"fastmath={fastmath}"
 
 
-def plan(node: Node, fastmath: bool = False, text: str | None = None) -> KernelABI:
+def plan(node: Node, fastmath: bool = False, text: str | None = None,
+         strided: Strided = {}) -> KernelABI:
     """The kernel's calling convention and iteration plan; `text`: its canonical_text, when
-    the caller has it already."""
+    the caller has it already; `strided`: the operands read as views (one instance only)."""
     lay = layout(node)
     kinds = list(node.attrs["outputs"])
     n_maps = kinds.count("map")
@@ -126,21 +133,22 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None) -> KernelA
     elif lay.instances == 1:
         space = tuple(node.attrs["spaces"][0])
         row = next(instance_rows(node, lay))
-        dims, strides = collapse(space, [v.type.shape for v in row] + [space] * n_maps)
+        dims, strides = collapse(space, [v.type.shape for v in row] + [space] * n_maps, strided)
         inner = math.prod(dims[1:])
         instances.append(Instance(dims, tuple(strides), 0, max(1, BLOCK_ELEMENTS // max(inner, 1)),
                                   0))
     # The function's name says what it computes: the same name is the same code.
-    text = canonical_text(node) if text is None else text
+    text = canonical_text(node, strided) if text is None else text
     digest = hashlib.sha256((text + flags(fastmath)).encode()).hexdigest()[:16]
     return KernelABI(f"kernel_{digest}", tuple(instances), n_maps,
                      tuple(k for k in kinds if k != "map"), lay.has_token)
 
 
-def canonical_text(node: Node) -> str:
+def canonical_text(node: Node, strided: Strided = {}) -> str:
     """The kernel as text with no outer names: what its code depends on, for the cache key.
     An operand's dtype is its body input's, and most operands have their instance's shape:
-    only the others are listed (a multi-tensor kernel has thousands of operands)."""
+    only the others are listed (a multi-tensor kernel has thousands of operands), and so are
+    the strides of operands read as views."""
     lay = layout(node)
     spaces = [tuple(space) for space in node.attrs["spaces"]]
     cols = columns(node, lay)
@@ -150,6 +158,7 @@ def canonical_text(node: Node) -> str:
             odd += [f"{i}.{j}:{v.type}" for i, (v, space) in enumerate(zip(cols[j], spaces))
                     if v.type.shape != space]
     shared = [f"{cols[j][0].type}" for j in lay.shared]
+    views = f"views={dict(sorted(strided.items()))}\n" if strided else ""
     return (f"kernel outputs={node.attrs['outputs']} shared={list(lay.shared)}:{shared} "
             f"instances={lay.instances}\nspaces={spaces}\nother shapes={odd}\n"
-            f"{format_graph(node.body)}")
+            f"{views}{format_graph(node.body)}")

@@ -28,7 +28,7 @@ from ...errors import LoweringError
 from ...ir.graph import Node, Value
 from ...ir.kernel import REDUCTIONS, layout, stores
 from ...ir.types import TensorType
-from .abi import BLOCK_ELEMENTS, Instance, KernelABI, plan
+from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, Emitter, compute_type, storage_type
 
 PTR = ir.PointerType()
@@ -324,9 +324,10 @@ class _Builder:
         return acc if acc.type == F64 else self.b.fpext(acc, F64)
 
 
-def generate(node: Node, fastmath: bool = False) -> tuple[ir.Module, KernelABI]:
-    """The LLVM module for a kernel node, and how to call it."""
-    abi = plan(node, fastmath)
+def generate(node: Node, fastmath: bool = False, strided: Strided = {}
+             ) -> tuple[ir.Module, KernelABI]:
+    """The LLVM module for a kernel node, and how to call it; `strided`: as for plan."""
+    abi = plan(node, fastmath, strided=strided)
     for out in node.body.outputs:
         if not isinstance(out.type, TensorType):
             raise LoweringError("a kernel output must be a tensor")

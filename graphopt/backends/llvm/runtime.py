@@ -25,9 +25,10 @@ import numpy as np
 from ... import envvars, memory
 from ...errors import ExecutionError, GraphoptError, LoweringError
 from ...ir import kernel as kernel_ir
-from ...ir.analysis import run_order
+from ...ir.analysis import run_order, view_source
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import evaluate
+from ...ir.types import contiguous_strides
 from . import cache, engine, sinkpool
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
@@ -74,6 +75,9 @@ class NativeKernel:
     target: Target
     fn: object = field(repr=False)  # the native function
     finish_fn: object = field(repr=False)  # its finisher (kernels with reductions), or None
+    # Operands read where they lie in another value's memory: operand -> (base, offset,
+    # strides), in elements (see _views).
+    views: dict[int, tuple[Value, int, tuple[int, ...]]] = field(default_factory=dict)
     calls: int = 0
     _module: object = field(default=None, repr=False)
 
@@ -82,7 +86,7 @@ class NativeKernel:
         """The LLVM module as generated (made again on demand after a cache hit)."""
         if self._module is None:
             from .codegen import generate
-            self._module = generate(self.node, self.fastmath)[0]
+            self._module = generate(self.node, self.fastmath, _strided(self.node, self.views))[0]
         return self._module
 
     @property
@@ -131,6 +135,11 @@ class NativeKernel:
     def __post_init__(self) -> None:
         node = self.node
         self._has_token = kernel_ir.layout(node).has_token
+        # The value each operand is read from (a view's base) and where in it, in bytes.
+        self.sources = [self.views[i][0] if i in self.views else v
+                        for i, v in enumerate(node.inputs)]
+        self._offsets = [self.views[i][1] * v.dtype.itemsize if i in self.views else 0
+                         for i, v in enumerate(node.inputs)]
         # Where each mapped output goes: (instance, body output) -> a new array per call.
         self._maps = [(i, k, tuple(space), r.dtype.np_dtype)
                       for i, space in enumerate(node.attrs["spaces"])
@@ -148,9 +157,11 @@ class NativeKernel:
         # when an operand is a different array than last time: parameter buffers never are,
         # and gradients often are the same buffers step after step.
         self._seen: list[object] = [None] * len(node.inputs)
-        # Operands made inside the step (not graph inputs, checked before it): the runtime
-        # makes them contiguous before each call.
-        self._made_inside = [i for i, v in enumerate(node.inputs) if not v.is_input]
+        # Operands the Executable did not check before the step (it checks the graph inputs
+        # kernels read directly): made inside the step, or an argument read through a view,
+        # which numpy accepts in any layout. The runtime makes them contiguous for each call.
+        self._unchecked = [i for i, v in enumerate(self.sources)
+                           if not v.is_input or i in self.views]
         self._elements = sum(math.prod(space) for space in node.attrs["spaces"])
         # Reduction blocks' partial results: one buffer per kernel, reused every call, made
         # by the first (compiling a kernel too large to run, to look at it, needs none).
@@ -182,15 +193,22 @@ class NativeKernel:
                 f.result()
         return self.finish(rows)
 
+    def operands(self, env: dict) -> list[np.ndarray]:
+        """The arrays to call with: each operand's, or its view's base, C-contiguous."""
+        arrays = [env[v] for v in self.sources]
+        for i in self._unchecked:
+            arrays[i] = _contiguous(arrays[i], self.sources[i])
+        return arrays
+
     def prepare(self, arrays: list[np.ndarray]) -> list[list[np.ndarray | None]]:
         """Fill the pointer table for a call: the operands, and new arrays for the mapped
         outputs (returned, instance by instance)."""
-        args, seen = self._args, self._seen
+        args, seen, offsets = self._args, self._seen, self._offsets
         if not all(map(operator.is_, arrays, seen)):  # in C: thousands of operands, same as before
             for i, a in enumerate(arrays):
                 if a is not seen[i]:
                     seen[i] = a
-                    args[i] = memory.address(a)
+                    args[i] = memory.address(a) + offsets[i]
         outputs = len(self.node.body.outputs)
         if not outputs:  # a kernel that only stores: nothing to allocate
             return []
@@ -229,19 +247,35 @@ class Fallback:
     reason: str
 
 
-def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
+def _strided(node: Node, views: dict[int, tuple[Value, int, tuple[int, ...]]]
+             ) -> dict[int, tuple[int, ...]]:
+    """The strides of the operands read as views whose layout is not their own C order (the
+    others differ only in where they start, which the pointer says)."""
+    def differs(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
+        return any(n != 1 and s != c for n, s, c in zip(shape, strides,
+                                                         contiguous_strides(shape)))
+    return {i: strides for i, (_, _, strides) in views.items()
+            if differs(node.inputs[i].shape, strides)}
+
+
+def compile_kernel(node: Node, fastmath: bool, use_cache: bool,
+                   views: dict[int, tuple[Value, int, tuple[int, ...]]] | None = None
+                   ) -> NativeKernel:
     """Load the kernel's object code from the cache, or generate and compile it (and cache
-    it). A cache hit needs only the kernel's plan: no LLVM IR is built."""
+    it). A cache hit needs only the kernel's plan: no LLVM IR is built. `views`: operands it
+    reads where they lie in another value's memory (see _views)."""
     start = time.perf_counter()
     target = selected()  # TargetError, before anything is compiled, if this host cannot run it
-    text = canonical_text(node)
-    abi = plan(node, fastmath, text)
+    views = views or {}
+    strided = _strided(node, views)
+    text = canonical_text(node, strided)
+    abi = plan(node, fastmath, text, strided)
     parts = {"kernel": text, "flags": flags(fastmath), **engine.target_parts(target)}
     built: dict[str, object] = {}
 
     def build() -> bytes:
         from .codegen import generate  # the IR builder: loaded on a cache miss only
-        built["module"], built["abi"] = generate(node, fastmath)
+        built["module"], built["abi"] = generate(node, fastmath, strided)
         compiled = engine.compile_module(built["module"], target)
         built["optimized"] = compiled.optimized_ir
         return compiled.object_code
@@ -252,7 +286,8 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool) -> NativeKernel:
     fns = [KernelFn(a) for a in addresses]
     return NativeKernel(node, built.get("abi", abi), fastmath, key, parts,
                         time.perf_counter() - start, hit, built.get("optimized", ""), target,
-                        fns[0], fns[1] if abi.finisher else None, _module=built.get("module"))
+                        fns[0], fns[1] if abi.finisher else None, views,
+                        _module=built.get("module"))
 
 
 class LLVMProgram:
@@ -264,17 +299,19 @@ class LLVMProgram:
         self.fallbacks: list[Fallback] = []
         self.native: dict[int, NativeKernel] = {}
         self.nodes = run_order(graph)  # what the return reaches: what dce would keep
-        for node in self.nodes:
+        storers = _storers(self.nodes)
+        for at, node in enumerate(self.nodes):
             if node.body is None:
                 continue
             try:
-                k = compile_kernel(node, fastmath, cache)
+                k = compile_kernel(node, fastmath, cache, _views(node, at, storers))
             except LoweringError as e:
                 self.fallbacks.append(Fallback(node, e.message))
                 continue
             self.kernels.append(k)
             self.native[id(node)] = k
         self.stored = {v for k in self.kernels for v in kernel_ir.written(k.node)}
+        self.nodes = _unread_views_dropped(self.nodes, self.native, graph)
         # Graph inputs that native code reads as they are: the arguments that must be
         # C-contiguous and aligned (others go through numpy, which takes any layout).
         self.native_inputs = {v for k in self.kernels for v in k.node.inputs if v.is_input}
@@ -351,7 +388,7 @@ class LLVMProgram:
         pending = []
         for node in self.nodes:
             k = self.native[id(node)]
-            rows = k.prepare([env[v] for v in node.inputs])
+            rows = k.prepare(k.operands(env))
             env.update(zip(node.outputs, [a for row in rows for a in row]))
             pending.append((node, k, rows))
         self.sink_call()
@@ -394,16 +431,13 @@ class LLVMProgram:
             updates[node.inputs[0].name] = env[node.inputs[1]]
             env[node.out] = None
             return
-        args = [env[v] for v in node.inputs]
         native = self.native.get(id(node))
         if native is not None:
             # Graph inputs were checked before the step (parameters are owned, contiguous
             # buffers; arguments native code reads were checked by the Executable).
-            arrays = args
-            for i in native._made_inside:
-                arrays[i] = self._contiguous(args[i], node.inputs[i])
-            env.update(zip(node.outputs, native.run(arrays)))
+            env.update(zip(node.outputs, native.run(native.operands(env))))
             return
+        args = [env[v] for v in node.inputs]
         try:
             if node.body is not None:
                 results, writes = kernel_ir.run(node, args)
@@ -422,19 +456,63 @@ class LLVMProgram:
                 r = r.copy()
             env[v] = r
 
-    @staticmethod
-    def _contiguous(a: np.ndarray, v: Value) -> np.ndarray:
-        """Native code reads C-contiguous buffers of exactly the compiled type, aligned."""
-        a = np.asarray(a)
-        if not a.flags.c_contiguous or a.dtype != v.dtype.np_dtype or \
-                a.ctypes.data % a.dtype.alignment:
-            a = np.ascontiguousarray(a, dtype=v.dtype.np_dtype)
-        assert a.shape == v.shape, (a.shape, v.shape)
-        return a
+
+
+def _contiguous(a: np.ndarray, v: Value) -> np.ndarray:
+    """Native code reads C-contiguous buffers of exactly the compiled type, aligned."""
+    a = np.asarray(a)
+    if not a.flags.c_contiguous or a.dtype != v.dtype.np_dtype or \
+            a.ctypes.data % a.dtype.alignment:
+        a = np.ascontiguousarray(a, dtype=v.dtype.np_dtype)
+    assert a.shape == v.shape, (a.shape, v.shape)
+    return a
 
 
 def _address(fn: object) -> int:
     return ctypes.cast(fn, ctypes.c_void_p).value or 0
+
+
+def _storers(nodes: list[Node]) -> dict[Value, list[int]]:
+    """For each parameter a kernel may store in place, the positions of those kernels."""
+    out: dict[Value, list[int]] = {}
+    for at, n in enumerate(nodes):
+        if n.body is not None:
+            for v in kernel_ir.written(n):
+                out.setdefault(v, []).append(at)
+    return out
+
+
+def _views(node: Node, at: int, storers: dict[Value, list[int]]
+           ) -> dict[int, tuple[Value, int, tuple[int, ...]]]:
+    """The operands of a kernel (of one iteration space) that it can read where they lie: each
+    made by views of a base (ir.analysis.view_source) that no kernel up to this one stores in
+    place. The order survives _stores_last, which never moves a store before a node that
+    preceded it."""
+    if kernel_ir.layout(node).instances != 1:
+        return {}
+    views = {}
+    for i, v in enumerate(node.inputs):
+        base, offset, strides = view_source(v)
+        if base is not v and all(p > at for p in storers.get(base, ())):
+            views[i] = (base, offset, strides)
+    return views
+
+
+def _unread_views_dropped(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph
+                          ) -> list[Node]:
+    """The nodes without the views nothing reads any more (the kernels that used them read
+    their bases in place): in a step of kernels and such views, the graph sink runs all."""
+    needed = set(graph.returned())
+    kept = []
+    for n in reversed(nodes):
+        if n.body is None and n.opdef.view is not None and not n.after and \
+                needed.isdisjoint(n.outputs):
+            continue
+        kept.append(n)
+        k = native.get(id(n))
+        needed.update(k.sources if k is not None else n.inputs)
+        needed.update(n.after)
+    return kept[::-1]
 
 
 def _stores_last(nodes: list[Node], native: dict[int, NativeKernel]) -> list[Node]:
