@@ -20,6 +20,7 @@ import os
 import re
 import sys
 import sysconfig
+import time
 import traceback
 import uuid
 import warnings
@@ -27,7 +28,7 @@ from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
-from . import envvars
+from . import diskcache, envvars
 from .errors import GraphoptError, ParseError
 
 EPILOG = """\
@@ -333,9 +334,56 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+# ----------------------------------------------------------------------------- graphopt cache
+
+def _size(n: float) -> str:
+    for unit in ("B", "KiB", "MiB", "GiB"):
+        if n < 1024 or unit == "GiB":
+            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return ""
+
+
+def _cache_path() -> None:
+    print(diskcache.location())
+
+
+def _cache_info() -> None:
+    i = diskcache.info()
+    print(f"path       {i['path']}\nenabled    {'yes' if i['enabled'] else 'no'}"
+          f"\ndirectory  {i['directory']}\nentries    {i['entries']}"
+          f"\nbytes      {i['bytes']} ({_size(i['bytes'])})"
+          f"\nmax bytes  {i['max_bytes']} ({_size(i['max_bytes'])})")
+
+
+def _brief(desc: dict | None, listed: tuple[str, ...]) -> str:
+    """What `list` shows of an entry: its parts named in `listed` (a kernel's first line, the
+    flags and the CPU; runtime code's first line), or else its first two."""
+    if desc is None:
+        return "(no readable description)"
+    shown = {n: desc[n] for n in listed if n in desc} or dict(list(desc.items())[:2])
+    return "  ".join(f"{n}: {v.get('first_line', '') if isinstance(v, dict) else diskcache.show(v)}"
+                     for n, v in shown.items())
+
+
+def _cache_list() -> None:
+    from .backends.llvm.engine import LISTED_PARTS  # the backend names the parts
+    for e in reversed(diskcache.entries()):  # most recently used first
+        when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
+        print(f"{e.key[:16]}  {_size(e.size):>10}  {when}  {_brief(e.description, LISTED_PARTS)}")
+
+
+def _cache_clear() -> None:
+    print(f"removed {diskcache.clear()} files from {diskcache.location()}")
+
+
+CACHE_ACTIONS = {"info": _cache_info, "list": _cache_list, "clear": _cache_clear,
+                 "path": _cache_path}
+
+
 def _cache(args: argparse.Namespace) -> int:
-    from .backends.llvm import cache
-    return cache.command(args.action)
+    CACHE_ACTIONS[args.action]()
+    return 0
 
 
 def _parser() -> argparse.ArgumentParser:
@@ -377,7 +425,7 @@ def _parser() -> argparse.ArgumentParser:
     p.set_defaults(run=_compile)
 
     p = sub.add_parser("cache", help="the on-disk compilation cache: info, list, clear, path")
-    p.add_argument("action", choices=("info", "list", "clear", "path"))
+    p.add_argument("action", choices=CACHE_ACTIONS)
     p.set_defaults(run=_cache)
     return parser
 

@@ -1,4 +1,4 @@
-"""The on-disk compilation cache (graphopt.backends.llvm.cache) and `graphopt cache`.
+"""The on-disk compilation cache (graphopt/diskcache.py) and `graphopt cache`.
 
 Most tests run the cache in fresh Python processes (`sys.executable -c`), as a user's second
 run would, with GRAPHOPT_CACHE_DIR inside tmp_path; a few pure checks run in this process.
@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from graphopt import envvars
-from graphopt.backends.llvm import cache
+from graphopt import diskcache as cache
 from graphopt.errors import SwitchError
 
 # Helpers shared by this process and the scripts run in fresh ones.
@@ -41,7 +41,7 @@ PRELUDE = '''
 import os, sys, warnings
 warnings.simplefilter("always")  # the cache itself must warn only once per kind of problem
 from graphopt import envvars
-from graphopt.backends.llvm import cache
+from graphopt import diskcache as cache
 ''' + HELPERS
 
 

@@ -135,7 +135,7 @@ for action in ("info", "list"):
     print("status", main(["cache", action]), flush=True)
 print("== step", flush=True)
 {STEP}
-from graphopt.backends.llvm import cache
+from graphopt import diskcache as cache
 for p in sorted(cache.location().iterdir()):  # what the stores left under each entry's name
     try:
         print("valid" if cache._read(p, p.name[:64]) else "empty", p.name)
@@ -197,7 +197,7 @@ def test_entry_replaced_by_a_fifo_between_lstat_and_open_does_not_block(child, e
     script = f"""
         import os, warnings
         warnings.simplefilter("always")
-        from graphopt.backends.llvm import cache
+        from graphopt import diskcache as cache
         path = {str(entries[0])!r}
         real_lstat = os.lstat
         def lstat(p, *a, **k):

@@ -6,7 +6,7 @@ import pytest
 
 SETUP = """
     import warnings, numpy as np, graphopt as go
-    from graphopt.backends.llvm import cache
+    from graphopt import diskcache as cache
     x = np.linspace(-1, 1, 64, dtype=np.float32)
     f = go.jit(lambda x: go.ops.exp(x) * 2 + 1, backend="llvm")
     g = go.jit(lambda x: x * 3 - 1, backend="llvm")

@@ -2,8 +2,10 @@
 
 Kernels are compiled for the selected target (target.py: this host, or GRAPHOPT_CPU's), at O3
 with loop and SLP vectorization; the runtime's own code for the architecture's baseline.
-Object code is what the disk cache keeps (see cache.py); loading it needs no compiler run,
-only the linker step of MCJIT, after linker.py has checked that every symbol resolves.
+Object code is what the disk cache (graphopt/diskcache.py) keeps, under a key made of the
+parts here (target_parts, runtime_functions) and in runtime.py (a kernel's text and flags);
+loading it needs no compiler run, only the linker step of MCJIT, after linker.py has checked
+that every symbol resolves.
 """
 from __future__ import annotations
 
@@ -17,14 +19,18 @@ from typing import TYPE_CHECKING, Callable
 import llvmlite
 import llvmlite.binding as llvm
 
+from ... import diskcache
 from ...errors import LoweringError
-from . import cache, linker
+from . import linker
 from .target import Target, baseline, llvm_lock, selected
 
 if TYPE_CHECKING:
     from llvmlite import ir  # modules come from codegen; a warm start never imports it
 
 CODEGEN_VERSION = "4"  # bump when generated code changes for the same kernel text
+# The parts that tell one entry from another in `graphopt cache list` (when it has none of
+# them, its first two are shown).
+LISTED_PARTS = ("kernel", "runtime", "flags", "cpu")
 KernelFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_int64, ctypes.c_void_p,
                             ctypes.c_void_p)
 
@@ -124,17 +130,17 @@ def load_cached(key: str, parts: dict[str, str], names: tuple[str, ...], target:
     entry that fails the checks before linking (linker.check: not object code, another
     kernel's, a symbol that does not resolve) is a corrupt entry: warned of, compiled again
     and replaced."""
-    use_cache = use_cache and cache.enabled()
-    obj = cache.load(key, parts) if use_cache else None
+    use_cache = use_cache and diskcache.enabled()
+    obj = diskcache.load(key, parts) if use_cache else None
     if obj is not None:
         try:
             return load(obj, names, target), True
         except LoweringError as e:
             warnings.warn(f"graphopt cache: entry {key[:16]} cannot be linked ({e.message}); "
-                          f"compiling it again", cache.CacheWarning, stacklevel=2)
+                          f"compiling it again", diskcache.CacheWarning, stacklevel=2)
     obj = build()
     if use_cache:
-        cache.store(key, parts, obj)
+        diskcache.store(key, parts, obj)
     return load(obj, names, target), False
 
 
@@ -148,7 +154,7 @@ def runtime_functions(text: str, names: tuple[str, ...], use_cache: bool = True)
         with llvm_lock:
             return target_machine(target).emit_object(_module_for(text, target))
     parts = {"runtime": text.strip(), **target_parts(target)}
-    return load_cached(cache.make_key(parts), parts, names, target, build, use_cache)[0]
+    return load_cached(diskcache.make_key(parts), parts, names, target, build, use_cache)[0]
 
 
 # -- the step sink: a whole step of kernels in one native call per thread ----------------------

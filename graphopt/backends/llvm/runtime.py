@@ -22,14 +22,14 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ... import envvars, memory
+from ... import diskcache, envvars, memory
 from ...errors import ExecutionError, GraphoptError, LoweringError
 from ...ir import kernel as kernel_ir
 from ...ir.analysis import run_order, view_source
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import evaluate
 from ...ir.types import contiguous_strides
-from . import cache, engine, sinkpool
+from . import engine, sinkpool
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
 from .target import Target, selected
@@ -280,7 +280,7 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool,
         built["optimized"] = compiled.optimized_ir
         return compiled.object_code
 
-    key = cache.make_key(parts)
+    key = diskcache.make_key(parts)
     names = (abi.name, *filter(None, [abi.finisher]))
     addresses, hit = engine.load_cached(key, parts, names, target, build, use_cache)
     fns = [KernelFn(a) for a in addresses]

@@ -1,10 +1,12 @@
-"""The on-disk compilation cache: object code of compiled kernels, keyed by what made it.
+"""The on-disk cache of compiled code: payloads (object code) keyed by what made them.
 
-The LLVM backend calls `load(key, parts)` before it compiles a kernel and `store(key, parts,
-obj)` after. The key is a sha256 of named string parts (kernel text, signature, target triple,
-CPU, features, LLVM and llvmlite versions, codegen version, flags) made by `make_key`: a change
-to any part gives another key, so nothing stale is ever loaded. docs/cache.md has the rules;
-graphopt/envvars.py has the switches (GRAPHOPT_CACHE, _DIR, _MAX_BYTES, GRAPHOPT_LOG=cache).
+A store of bytes, at the bottom layer: it knows nothing of LLVM or of graphs. A backend makes
+a key from named string parts with `make_key` (the LLVM backend's parts, kernel text, CPU,
+compiler versions and so on, are in backends/llvm/engine.py and runtime.py), calls
+`load(key, parts)` before it compiles and `store(key, parts, payload)` after. A change to any
+part gives another key, so nothing stale is ever loaded. docs/cache.md has the rules;
+graphopt/envvars.py has the switches (GRAPHOPT_CACHE, _DIR, _MAX_BYTES, GRAPHOPT_LOG=cache);
+`graphopt cache` (cli.py) shows and clears the entries.
 
 One entry is one file `<key>.gobj` in the cache directory:
 
@@ -41,7 +43,7 @@ from contextlib import suppress
 from dataclasses import dataclass
 from pathlib import Path
 
-from ... import envvars
+from . import envvars
 
 FORMAT_VERSION = 1
 MAGIC = b"GOPTOBJ\0"
@@ -53,8 +55,9 @@ _KEY = re.compile(r"[0-9a-f]{64}")
 TEMP_MAX_AGE = 600.0  # s; writing an entry takes milliseconds, so an older temp file is a crash's
 _SHORT = 80  # a part longer than this, or of several lines, is shown as its hash and first line
 
-__all__ = ["CacheWarning", "make_key", "load", "store", "enabled", "cache_dir", "location",
-           "entries", "info", "clear", "command", "describe", "FORMAT_VERSION"]
+__all__ = ["FORMAT_VERSION", "CacheWarning", "Entry", "cache_dir", "clear", "describe", "enabled",
+           "entries", "info", "load", "location", "make_key", "max_bytes", "reset", "show",
+           "store", "summarize", "unsafe_reason"]
 
 
 class CacheWarning(UserWarning):
@@ -122,7 +125,8 @@ def describe(parts: Mapping[str, str]) -> dict[str, str | dict]:
     return {name: summarize(parts[name]) for name in sorted(parts)}
 
 
-def _show(summary: str | dict) -> str:
+def show(summary: str | dict) -> str:
+    """A summarized part as one line of text (for the log and `graphopt cache list`)."""
     if isinstance(summary, dict):
         return f"[sha256 {summary.get('sha256')}, {summary.get('chars')} chars] " \
                f"{summary.get('first_line', '')}"
@@ -461,7 +465,7 @@ def _log(event: str, key: str, parts: Mapping[str, str] | None, detail: str,
     lines = [f"{event} {key} ({detail})"]
     desc = describe(parts or {})
     width = max(map(len, desc), default=0)
-    lines += [f"  {name:<{width}}  {_show(value)}" for name, value in desc.items()]
+    lines += [f"  {name:<{width}}  {show(value)}" for name, value in desc.items()]
     if d is not None:  # a miss: compare with the cached entry that shares the most parts
         def shared(e: Entry) -> int:
             return sum((e.description or {}).get(n) == v for n, v in desc.items())
@@ -470,48 +474,6 @@ def _log(event: str, key: str, parts: Mapping[str, str] | None, detail: str,
             old, absent = best.description or {}, "(absent)"
             changed = [n for n in sorted(set(desc) | set(old)) if desc.get(n) != old.get(n)]
             lines.append(f"  closest cached entry {best.key[:16]} differs in: {', '.join(changed)}")
-            lines += [f"    {n}: {_show(old.get(n, absent))} -> {_show(desc.get(n, absent))}"
+            lines += [f"    {n}: {show(old.get(n, absent))} -> {show(desc.get(n, absent))}"
                       for n in changed]
     logger.info("\n".join(lines))
-
-
-# ----------------------------------------------------------------------------- the command
-
-def _size(n: int) -> str:
-    for unit in ("B", "KiB", "MiB", "GiB"):
-        if n < 1024 or unit == "GiB":
-            return f"{n} {unit}" if unit == "B" else f"{n:.1f} {unit}"
-        n /= 1024
-    return ""
-
-
-def _brief(desc: dict | None) -> str:
-    """What `list` shows of an entry: the kernel's first line, the flags and the CPU (runtime
-    code's entries, the sink's and the helpers': their first line)."""
-    if desc is None:
-        return "(no readable description)"
-    shown = {n: desc[n] for n in ("kernel", "runtime", "flags", "cpu") if n in desc} or \
-        dict(list(desc.items())[:2])
-    return "  ".join(f"{n}: {v.get('first_line', '') if isinstance(v, dict) else _show(v)}"
-                     for n, v in shown.items())
-
-
-def command(action: str) -> int:
-    """`graphopt cache info | list | clear | path`; returns the exit status."""
-    if action == "path":
-        print(location())
-    elif action == "info":
-        i = info()
-        print(f"path       {i['path']}\nenabled    {'yes' if i['enabled'] else 'no'}"
-              f"\ndirectory  {i['directory']}\nentries    {i['entries']}"
-              f"\nbytes      {i['bytes']} ({_size(i['bytes'])})"
-              f"\nmax bytes  {i['max_bytes']} ({_size(i['max_bytes'])})")
-    elif action == "list":
-        for e in reversed(entries()):  # most recently used first
-            when = time.strftime("%Y-%m-%d %H:%M:%S", time.localtime(e.last_used))
-            print(f"{e.key[:16]}  {_size(e.size):>10}  {when}  {_brief(e.description)}")
-    elif action == "clear":
-        print(f"removed {clear()} files from {location()}")
-    else:
-        raise ValueError(f"unknown cache action {action!r}")
-    return 0
