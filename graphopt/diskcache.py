@@ -237,7 +237,7 @@ def _check_file(st: os.stat_result) -> None:
         raise _BadEntry("owner", f"is owned by uid {st.st_uid}, not by you (uid {os.geteuid()})")
 
 
-def _open_entry(path: Path) -> int:
+def _open_entry(path: str | Path) -> int:
     """A file descriptor, for reading, of the regular file we own at `path`; FileNotFoundError
     if there is none, _BadEntry for anything else. lstat first, so that nothing but a regular
     file is opened (opening a FIFO blocks, a device may do anything), then fstat of what was
@@ -363,8 +363,10 @@ def _write(d: Path, key: str, data: bytes) -> None:
 
 @dataclass
 class Entry:
+    # path is the str os.scandir gives: making a Path of each entry, in the scan after every
+    # store, was half the time of a store into a cache of 1,000 entries.
     key: str
-    path: Path
+    path: str
     size: int
     last_used: float                    # mtime: set when written and on each hit
     description: dict | None = None     # None when the header cannot be read
@@ -386,16 +388,17 @@ def entries(d: Path | None = None, descriptions: bool = True) -> list[Entry]:
             if _TEMP_NAME.fullmatch(e.name) and now - st.st_mtime > TEMP_MAX_AGE:
                 os.unlink(e.path)
             elif _ENTRY_NAME.fullmatch(e.name) and stat.S_ISREG(st.st_mode):
-                found.append(Entry(e.name[:-len(SUFFIX)], Path(e.path), st.st_size, st.st_mtime,
-                                   _description(Path(e.path)) if descriptions else None))
+                key = e.name[:-len(SUFFIX)]
+                found.append(Entry(key, e.path, st.st_size, st.st_mtime,
+                                   _description(e.path, key) if descriptions else None))
     return sorted(found, key=lambda x: (x.last_used, x.key))
 
 
-def _description(path: Path) -> dict | None:
+def _description(path: str, key: str) -> dict | None:
     try:
         with os.fdopen(_open_entry(path), "rb") as f:
             head = f.read(_HEADER.size)
-            _, dn, _ = _unpack_header(head, path.name[:-len(SUFFIX)])
+            _, dn, _ = _unpack_header(head, key)
             desc = json.loads(f.read(dn))
         return desc if isinstance(desc, dict) else None
     except (OSError, ValueError, _BadEntry):
