@@ -5,6 +5,7 @@ run would, with GRAPHOPT_CACHE_DIR inside tmp_path; a few pure checks run in thi
 """
 from __future__ import annotations
 
+import ast
 import ctypes
 import os
 import stat
@@ -16,8 +17,8 @@ from pathlib import Path
 
 import pytest
 
-from graphopt import envvars
 from graphopt import diskcache as cache
+from graphopt import envvars
 from graphopt.errors import SwitchError
 
 # Helpers shared by this process and the scripts run in fresh ones.
@@ -427,6 +428,20 @@ def test_cli(cdir, capsys):
     assert "entries    0" in cli(capsys, "info")
     with envvars.override(GRAPHOPT_CACHE="0"):
         assert "enabled    no" in cli(capsys, "info")
+
+
+def test_the_store_is_at_the_bottom_layer():
+    """diskcache imports nothing of graphopt but envvars, errors and memory: no backend, IR or
+    frontend (and so no LLVM), whatever uses it."""
+    ours = set()  # the graphopt modules it imports, relatively or not
+    for node in ast.walk(ast.parse(Path(cache.__file__).read_text())):
+        if isinstance(node, ast.ImportFrom) and node.level:
+            ours |= {node.module} if node.module else {a.name for a in node.names}
+        elif isinstance(node, (ast.Import, ast.ImportFrom)):
+            names = [node.module] if isinstance(node, ast.ImportFrom) else \
+                [a.name for a in node.names]
+            ours |= {n.removeprefix("graphopt.") for n in names if n.startswith("graphopt")}
+    assert ours and ours <= {"envvars", "errors", "memory"}, ours
 
 
 def test_every_switch_is_documented():
