@@ -4,7 +4,7 @@ from .errors import GraphoptError
 from .frontend import (EagerTensor, Parameter, Tensor, TracedTensor, assign, depend, jit,
                        trace)
 from . import ops  # noqa: E402  (after the frontend it builds on)
-from .frontend.autodiff import grad, value_and_grad
+from .autodiff import grad, value_and_grad
 from .ops import stop_gradient
 from .ir import Graph, parse
 from .ir.export import dump

@@ -8,7 +8,7 @@ import pytest
 import graphopt as go
 from graphopt import ops
 from graphopt.errors import GradientError, NotDifferentiableError
-from graphopt.frontend.autodiff import GradLocation
+from graphopt.autodiff import GradLocation
 from graphopt.ir.analysis import live_nodes
 from graphopt.ir.registry import ELEMENTWISE, REGISTRY, OpDef
 

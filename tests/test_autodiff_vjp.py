@@ -13,6 +13,7 @@ from hypothesis.extra import numpy as hnp
 
 import graphopt as go
 from graphopt import ops
+from graphopt.autodiff.rules import NOT_DIFFERENTIABLE, VJP
 from graphopt.ir import REGISTRY
 
 SIDE = dict(max_side=3)
@@ -236,7 +237,13 @@ def test_vjp_under_jit_matches_finite_differences(name, data):
     check(name, data, jit=True)
 
 
+def test_every_op_says_how_it_differentiates():
+    assert not set(VJP) & NOT_DIFFERENTIABLE
+    assert set(REGISTRY) - NOT_DIFFERENTIABLE - set(VJP) == set(), "add a VJP rule or say none"
+    assert set(VJP) | NOT_DIFFERENTIABLE <= set(REGISTRY), "a rule for an op that is not declared"
+
+
 def test_every_vjp_is_checked():
-    with_rules = {name for name, op in REGISTRY.items() if op.vjp is not None}
+    with_rules = {name for name, rules in VJP.items() if rules is not None}
     # stop_gradient is the one op whose gradient is zero on purpose (test_autodiff.py).
     assert with_rules - set(CASES) == {"stop_gradient"}, "add a finite-difference case"

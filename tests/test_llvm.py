@@ -16,7 +16,10 @@ from hypothesis import strategies as st
 import graphopt as go
 from graphopt import envvars, ops
 from graphopt.backends.llvm import sinkpool
+from graphopt.backends.llvm.lowering import LOWERING
 from graphopt.errors import ExecutionError, GraphoptError, SignatureError
+from graphopt.ir import REGISTRY
+from graphopt.ir.registry import ELEMENTWISE
 from support import run_program
 
 TOL = {np.float64: (1e-12, 1e-12), np.float32: (2e-5, 1e-6), np.float16: (4e-3, 1e-3)}
@@ -524,3 +527,9 @@ def test_more_threads_than_cores_are_capped(monkeypatch):
     fn, grads, ps = _adam_sink_step([300_000])
     fn(grads)
     assert ps[0].numpy().tobytes() == _reference([300_000], 1)[0].tobytes()
+
+
+def test_every_elementwise_op_has_a_lowering_and_nothing_else_does():
+    elementwise = {name for name, op in REGISTRY.items() if op.category == ELEMENTWISE}
+    assert elementwise - set(LOWERING) == set(), "add a lowering to backends/llvm/lowering.py"
+    assert set(LOWERING) - elementwise == set(), "a lowering of an op that is not elementwise"

@@ -14,7 +14,7 @@ import itertools
 import json
 import os
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any, Iterable, Iterator, Sequence
+from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Sequence
 
 from .types import TensorType, Type
 
@@ -27,10 +27,13 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Location:
-    """Where the user's code created a node: file and line."""
+    """Where the user's code created a node: file and line. `phase`: which part of a training
+    step the node belongs to ("forward"; autodiff's locations say "backward"), for the memory
+    report (liveness.py)."""
 
     file: str
     line: int
+    phase: ClassVar[str] = "forward"
 
     def full(self) -> str:
         return f"{self.file}:{self.line}"

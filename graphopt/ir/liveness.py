@@ -7,10 +7,10 @@ values the graph returns live to the end. Inputs (params and args) exist for the
 and are counted apart. Tokens take no bytes. Views that a real backend might share (reshape,
 depend) are counted as copies: the report is an upper bound, in the executable's node order.
 
-A node is *backward* when autodiff made it: its location is a `GradLocation` (it has
-`phase == "backward"`), or it is a kernel whose body holds only such nodes. The backward
-pass starts at the first backward node of the schedule (constants aside). A value made before that point and
-read by a backward node after it is *kept for the backward pass*: it stays alive across the
+A node is *backward* when autodiff made it: its location's `phase` is "backward" (autodiff's
+`GradLocation`), or it is a kernel whose body holds only such nodes. The backward pass starts
+at the first backward node of the schedule (constants aside). A value made before that point
+and read by a backward node after it is *kept for the backward pass*: it stays alive across the
 turn, which is where reverse mode spends its memory (activations, and any derivative that
 fusion computed early in a forward kernel). `stop_gradient` and `dce` shrink that list; the
 report shows by how much.
@@ -29,7 +29,7 @@ def is_backward(node: Node) -> bool:
     """Whether autodiff made this node. A kernel is backward when every node of its body is
     (constants aside); one that fuses forward and backward work runs in the forward."""
     if node.body is None:
-        return getattr(node.loc, "phase", "forward") == "backward"
+        return node.loc is not None and node.loc.phase == "backward"
     work = [n for n in node.body.nodes if n.op != "constant"]
     return bool(work) and all(is_backward(n) for n in work)
 

@@ -1,15 +1,10 @@
-"""Every op graphopt knows, declared once: type rule, numpy semantics and VJP rule (see
-registry.py).
+"""Every op graphopt knows, declared once: type rule, numpy semantics, attributes and traits
+(see registry.py). What other layers know of an op lives with them, one entry per op: its VJP
+in graphopt/autodiff/rules.py, its element lowering in graphopt/backends/llvm/lowering.py.
 
 Type rules are strict, as in MLIR: the inputs of an elementwise op share one dtype (the
 frontend casts weakly typed Python scalars first, see docs/ir.md "Python scalars") and their
 shapes broadcast as in numpy.
-
-A VJP rule gets the output's cotangent `ct`, the output and the inputs as tensors and builds
-the gradient for one input out of graphopt.ops calls, so the backward pass is made of
-ordinary nodes that every pass can see. A rule may return a gradient of the broadcast
-(output) shape: autodiff sums it back to the input's shape in one place
-(`frontend/autodiff.py: sum_to_shape`), so no rule repeats that.
 """
 from __future__ import annotations
 
@@ -21,7 +16,7 @@ import numpy as np
 from ..errors import OpTypeError
 from .registry import (BOOL_ATTR, CONSTANT, CONTROL, DTYPE_ATTR, EFFECT, ELEMENTWISE, INDEX,
                        INT_ATTR, INTS_ATTR, LINALG, NN, REDUCTION, SHAPE, SHAPE_ATTR, VALUE_ATTR,
-                       OpDef, VjpRule, register)
+                       OpDef, register)
 from .types import (DType, TensorType, Type, bf16, bool_, contiguous_strides, f16, to_dtype,
                     token, value_problem)
 
@@ -66,60 +61,21 @@ def _one_dtype(op: str, types: Sequence[TensorType], kinds: tuple[str, ...]) -> 
 
 
 def _elementwise(name: str, n: int, impl: Callable[..., Any], kinds: tuple[str, ...],
-                 result: DType | None = None, doc: str = "",
-                 vjp: tuple[VjpRule | None, ...] | None = None,
-                 lower: Callable[..., Any] | None = None) -> OpDef:
+                 result: DType | None = None, doc: str = "") -> OpDef:
     def infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         ts = _tensors(name, types, n)
         d = _one_dtype(name, ts, kinds)
         return [TensorType(_broadcast(name, ts), result or d)]
-    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc, vjp=vjp, lower=lower,
+    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc,
                           fixed_dtype=result is not None))
 
 
-# -- what VJP rules share -----------------------------------------------------------------------
-class _LazyOps:
-    """graphopt.ops, imported on first use: ops imports the frontend, which imports the IR."""
-
-    def __getattr__(self, name: str) -> Any:
-        from .. import ops as module
-        return getattr(module, name)
-
-
-ops = _LazyOps()
-
-
-def _identity_vjp(ct: Any, out: Any, *inputs: Any, **attrs: Any) -> Any:
-    """d out / d x = 1: the cotangent passes through (summed back to x's shape by autodiff)."""
-    return ct
-
-
-def _extremum_vjp(wins: Callable[[Any, Any], Any]) -> tuple[VjpRule, VjpRule]:
-    """maximum / minimum: the cotangent goes to the input that wins; a tie splits it in half,
-    as JAX and torch do (both inputs are "the" maximum there)."""
-    def share(ct: Any, a: Any, b: Any) -> Any:
-        return ops.where(a == b, ct * 0.5, ops.where(wins(a, b), ct, 0))
-    return (lambda ct, out, x, y: share(ct, x, y), lambda ct, out, x, y: share(ct, y, x))
-
-
-def _power_dx(ct: Any, out: Any, x: Any, y: Any) -> Any:
-    # y * x**(y-1); 0 where y == 0 (torch's convention: there x**(y-1) may be inf at x = 0).
-    return ops.where(y == 0, 0, ct * y * x ** (y - 1))
-
-
-def _power_dy(ct: Any, out: Any, x: Any, y: Any) -> Any:
-    # x**y * log(x); 0 where x == 0 and y >= 0 (torch's convention: there log(x) is -inf).
-    return ops.where((x == 0) & (y >= 0), 0, ct * out * ops.log(x))
-
-
 # -- elementwise --------------------------------------------------------------------------------
-_elementwise("add", 2, np.add, NUM, lower=lambda e, x, y: e.add(x, y), vjp=(_identity_vjp, _identity_vjp))
-_elementwise("subtract", 2, np.subtract, NUM, lower=lambda e, x, y: e.sub(x, y), vjp=(_identity_vjp, lambda ct, out, x, y: -ct))
-_elementwise("multiply", 2, np.multiply, NUM, lower=lambda e, x, y: e.mul(x, y),
-             vjp=(lambda ct, out, x, y: ct * y, lambda ct, out, x, y: ct * x))
-_elementwise("divide", 2, np.divide, FLOAT, lower=lambda e, x, y: e.div(x, y),
-             vjp=(lambda ct, out, x, y: ct / y, lambda ct, out, x, y: -ct * out / y))
-_elementwise("power", 2, np.power, NUM, lower=lambda e, x, y: e.pow(x, y), vjp=(_power_dx, _power_dy))
+_elementwise("add", 2, np.add, NUM)
+_elementwise("subtract", 2, np.subtract, NUM)
+_elementwise("multiply", 2, np.multiply, NUM)
+_elementwise("divide", 2, np.divide, FLOAT)
+_elementwise("power", 2, np.power, NUM)
 # maximum and minimum: x where it wins or is NaN, else y. NaN-propagating like numpy's, and of
 # two values that compare equal (+0 and -0) always the second: numpy's own loops choose by dtype
 # and SIMD level; this, and the LLVM lowering, choose alike on every CPU.
@@ -131,30 +87,27 @@ def _minimum(x: Any, y: Any) -> Any:
     return np.where((x < y) | (x != x), x, y)
 
 
-_elementwise("maximum", 2, _maximum, NUM, lower=lambda e, x, y: e.maximum(x, y), doc="NaN-propagating, like numpy.maximum",
-             vjp=_extremum_vjp(lambda a, b: a > b))
-_elementwise("minimum", 2, _minimum, NUM, lower=lambda e, x, y: e.minimum(x, y), doc="NaN-propagating, like numpy.minimum",
-             vjp=_extremum_vjp(lambda a, b: a < b))
-_elementwise("negative", 1, np.negative, NUM, lower=lambda e, x: e.neg(x), vjp=(lambda ct, out, x: -ct,))
-_elementwise("abs", 1, np.abs, NUM, lower=lambda e, x: e.abs(x), vjp=(lambda ct, out, x: ct * ops.sign(x),))
-_elementwise("sign", 1, np.sign, NUM, lower=lambda e, x: e.sign(x), vjp=(None,))  # piecewise constant: zero gradient
-_elementwise("sqrt", 1, np.sqrt, FLOAT, lower=lambda e, x: e.sqrt(x), vjp=(lambda ct, out, x: ct * 0.5 / out,))
-_elementwise("rsqrt", 1, lambda x: np.reciprocal(np.sqrt(x)), FLOAT, lower=lambda e, x: e.div(e.like(x, 1), e.sqrt(x)), doc="1 / sqrt(x)",
-             vjp=(lambda ct, out, x: ct * -0.5 * out / x,))
-_elementwise("exp", 1, np.exp, FLOAT, lower=lambda e, x: e.exp(x), vjp=(lambda ct, out, x: ct * out,))
-_elementwise("log", 1, np.log, FLOAT, lower=lambda e, x: e.log(x), vjp=(lambda ct, out, x: ct / x,))
-_elementwise("sin", 1, np.sin, FLOAT, lower=lambda e, x: e.sin(x), vjp=(lambda ct, out, x: ct * ops.cos(x),))
-_elementwise("cos", 1, np.cos, FLOAT, lower=lambda e, x: e.cos(x), vjp=(lambda ct, out, x: -ct * ops.sin(x),))
-_elementwise("isfinite", 1, np.isfinite, ANY, lower=lambda e, x: e.isfinite(x), result=bool_)
-_elementwise("less", 2, np.less, NUM, lower=lambda e, x, y: e.compare('<', x, y), result=bool_)
-_elementwise("less_equal", 2, np.less_equal, NUM, lower=lambda e, x, y: e.compare('<=', x, y), result=bool_)
-_elementwise("greater", 2, np.greater, NUM, lower=lambda e, x, y: e.compare('>', x, y), result=bool_)
-_elementwise("greater_equal", 2, np.greater_equal, NUM, lower=lambda e, x, y: e.compare('>=', x, y), result=bool_)
-_elementwise("equal", 2, np.equal, ANY, lower=lambda e, x, y: e.compare('==', x, y), result=bool_)
-_elementwise("not_equal", 2, np.not_equal, ANY, lower=lambda e, x, y: e.compare('!=', x, y), result=bool_)
-_elementwise("logical_and", 2, np.logical_and, BOOL, lower=lambda e, x, y: e.and_(x, y))
-_elementwise("logical_or", 2, np.logical_or, BOOL, lower=lambda e, x, y: e.or_(x, y))
-_elementwise("logical_not", 1, np.logical_not, BOOL, lower=lambda e, x: e.not_(x))
+_elementwise("maximum", 2, _maximum, NUM, doc="NaN-propagating, like numpy.maximum")
+_elementwise("minimum", 2, _minimum, NUM, doc="NaN-propagating, like numpy.minimum")
+_elementwise("negative", 1, np.negative, NUM)
+_elementwise("abs", 1, np.abs, NUM)
+_elementwise("sign", 1, np.sign, NUM)  # piecewise constant: zero gradient
+_elementwise("sqrt", 1, np.sqrt, FLOAT)
+_elementwise("rsqrt", 1, lambda x: np.reciprocal(np.sqrt(x)), FLOAT, doc="1 / sqrt(x)")
+_elementwise("exp", 1, np.exp, FLOAT)
+_elementwise("log", 1, np.log, FLOAT)
+_elementwise("sin", 1, np.sin, FLOAT)
+_elementwise("cos", 1, np.cos, FLOAT)
+_elementwise("isfinite", 1, np.isfinite, ANY, result=bool_)
+_elementwise("less", 2, np.less, NUM, result=bool_)
+_elementwise("less_equal", 2, np.less_equal, NUM, result=bool_)
+_elementwise("greater", 2, np.greater, NUM, result=bool_)
+_elementwise("greater_equal", 2, np.greater_equal, NUM, result=bool_)
+_elementwise("equal", 2, np.equal, ANY, result=bool_)
+_elementwise("not_equal", 2, np.not_equal, ANY, result=bool_)
+_elementwise("logical_and", 2, np.logical_and, BOOL)
+_elementwise("logical_or", 2, np.logical_or, BOOL)
+_elementwise("logical_not", 1, np.logical_not, BOOL)
 
 
 def _where_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -166,10 +119,7 @@ def _where_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 
 
 register(OpDef("where", ELEMENTWISE, _where_infer, np.where,
-               lower=lambda e, c, x, y: e.select(c, x, y),
-               doc="where(cond, x, y): x where cond is true, else y", dtype_group=(1, 2),
-               vjp=(None, lambda ct, out, c, x, y: ops.where(c, ct, 0),
-                    lambda ct, out, c, x, y: ops.where(c, 0, ct))))
+               doc="where(cond, x, y): x where cond is true, else y", dtype_group=(1, 2)))
 
 
 def _cast_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -181,10 +131,7 @@ register(OpDef("cast", ELEMENTWISE, _cast_infer,
                lambda x, dtype: x.astype(to_dtype(dtype).np_dtype), attrs=("dtype",),
                attr_kinds=(DTYPE_ATTR,),
                doc="convert to dtype (floats to ints truncate toward zero, like numpy)",
-               fixed_dtype=True,
-               lower=lambda e, x, dtype: e.cast(x, e.in_dtypes[0], to_dtype(dtype)),
-               # Only float-to-float casts carry a gradient: autodiff stops at integers.
-               vjp=(lambda ct, out, x, dtype: ops.cast(ct, x.dtype),)))
+               fixed_dtype=True))
 
 
 # -- reductions ---------------------------------------------------------------------------------
@@ -197,7 +144,7 @@ def _check_axes(op: str, axes: Any, ndim: int) -> tuple[int, ...]:
 
 
 def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...],
-               vjp: VjpRule, identity: bool = True) -> OpDef:
+               identity: bool = True) -> OpDef:
     """`identity`: whether the reduction of no elements is defined (a sum's 0, a mean's NaN
     as numpy gives it); a max of none is an error, at trace time, in every mode."""
     def infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -223,33 +170,16 @@ def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...],
             return impl(x.astype(np.float32), axis=tuple(axes), keepdims=keepdims).astype(x.dtype)
         return impl(x, axis=tuple(axes), keepdims=keepdims)
 
-    return register(OpDef(name, REDUCTION, infer, run, attrs=("axes", "keepdims"), vjp=(vjp,),
+    return register(OpDef(name, REDUCTION, infer, run, attrs=("axes", "keepdims"),
                           attr_kinds=(INTS_ATTR, BOOL_ATTR)))
 
 
 _HALVES = (f16.np_dtype, bf16.np_dtype)
 
 
-def _unreduce(ct: Any, x: Any, axes: tuple[int, ...]) -> Any:
-    """A reduction's cotangent put back on the reduced axes: reshape to the keepdims shape
-    (a no-op for keepdims=True), then broadcast over x's shape."""
-    kept = tuple(1 if i in axes else s for i, s in enumerate(x.shape))
-    if ct.shape != kept:
-        ct = ops.reshape(ct, kept)
-    return ops.broadcast_to(ct, x.shape)
-
-
-def _max_vjp(ct: Any, out: Any, x: Any, axes: tuple[int, ...], keepdims: bool) -> Any:
-    # To the elements equal to the maximum, shared evenly between ties (as torch's amax and
-    # JAX do), so the gradient sums to ct.
-    hit = ops.cast(x == _unreduce(out, x, axes), x.dtype)
-    return hit * _unreduce(ct, x, axes) / ops.sum(hit, axes, keepdims=True)
-
-
-_reduction("sum", np.sum, NUM, lambda ct, out, x, axes, keepdims: _unreduce(ct, x, axes))
-_reduction("max", np.max, NUM, _max_vjp, identity=False)
-_reduction("mean", np.mean, FLOAT, lambda ct, out, x, axes, keepdims:
-           _unreduce(ct, x, axes) / int(np.prod([x.shape[a] for a in axes])))
+_reduction("sum", np.sum, NUM)
+_reduction("max", np.max, NUM, identity=False)
+_reduction("mean", np.mean, FLOAT)
 
 
 # -- shape ops ----------------------------------------------------------------------------------
@@ -320,17 +250,14 @@ def _identity_view(shape: Sequence[int], strides: Sequence[int], out_shape: Sequ
 
 register(OpDef("reshape", SHAPE, _reshape_infer,
                lambda x, shape: np.reshape(x, tuple(shape)), attrs=("shape",),
-               attr_kinds=(SHAPE_ATTR,),
-               vjp=(lambda ct, out, x, shape: ops.reshape(ct, x.shape),), view=_reshape_view))
+               attr_kinds=(SHAPE_ATTR,), view=_reshape_view))
 register(OpDef("broadcast_to", SHAPE, _broadcast_to_infer,
                lambda x, shape: np.broadcast_to(x, tuple(shape)), attrs=("shape",),
                attr_kinds=(SHAPE_ATTR,),
-               vjp=(_identity_vjp,),  # ct has the broadcast shape: autodiff sums it back
                view=_broadcast_to_view))
 register(OpDef("transpose", SHAPE, _transpose_infer,
                lambda x, perm: np.transpose(x, tuple(perm)), attrs=("perm",),
                attr_kinds=(INTS_ATTR,),
-               vjp=(lambda ct, out, x, perm: ops.transpose(ct, tuple(np.argsort(perm))),),
                view=_transpose_view))
 
 
@@ -347,7 +274,8 @@ def _slice_counts(op: str, x: TensorType, attrs: dict[str, Any]) -> tuple[int, .
     counts = []
     for axis, (n, a, b, c) in enumerate(zip(x.shape, starts, stops, steps)):
         r = range(a, b, c) if c else range(0)
-        if c == 0 or not (0 <= a <= n and -1 <= b <= n) or r and not (0 <= r[0] < n and 0 <= r[-1] < n):
+        inside = 0 <= a <= n and -1 <= b <= n and (not r or 0 <= r[0] < n and 0 <= r[-1] < n)
+        if c == 0 or not inside:
             raise OpTypeError(f"{op}: axis {axis} of {x}: range({a}, {b}, {c}) is not a slice "
                               f"of {n} elements (0 <= start <= {n}, -1 <= stop <= {n}, "
                               f"step != 0)")
@@ -406,16 +334,10 @@ _SLICE = ("starts", "stops", "steps")
 register(OpDef("slice", SHAPE, _slice_infer, _slice_impl, attrs=_SLICE + ("shape",),
                attr_kinds=(INTS_ATTR, INTS_ATTR, INTS_ATTR, SHAPE_ATTR), type_attrs=("shape",),
                doc="the elements range(start, stop, step) along each axis (basic indexing)",
-               vjp=(lambda ct, out, x, starts, stops, steps, shape: ops.slice_scatter(
-                   ops.zeros(x.shape, x.dtype), ct, starts, stops, steps),),
                view=_slice_view))
 register(OpDef("slice_scatter", SHAPE, _slice_scatter_infer, _slice_scatter_impl, attrs=_SLICE,
                attr_kinds=(INTS_ATTR, INTS_ATTR, INTS_ATTR),
-               doc="x with its slice (as in slice) replaced by the source",
-               vjp=(lambda ct, out, x, src, starts, stops, steps: ops.slice_scatter(
-                        ct, ops.zeros(src.shape, src.dtype), starts, stops, steps),
-                    lambda ct, out, x, src, starts, stops, steps: ops.slice(
-                        ct, starts, stops, steps, src.shape))))
+               doc="x with its slice (as in slice) replaced by the source"))
 
 
 def _matmul_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -436,39 +358,8 @@ def _matmul_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     return [TensorType(shape, d)]
 
 
-def _promote(ct: Any, a: Any, b: Any) -> tuple[Any, Any, Any]:
-    """a, b and ct with numpy.matmul's 1-D promotion made explicit (a: [K] -> [1,K], b: [K] ->
-    [K,1], ct given the axes the product removed), so both gradients are batched matmuls."""
-    shape = list(ct.shape)
-    if b.ndim == 1:
-        shape.append(1)
-    if a.ndim == 1:
-        shape.insert(len(shape) - 1, 1)
-    a2 = ops.reshape(a, (1,) + a.shape) if a.ndim == 1 else a
-    b2 = ops.reshape(b, b.shape + (1,)) if b.ndim == 1 else b
-    return a2, b2, ops.reshape(ct, shape) if tuple(shape) != ct.shape else ct
-
-
-def _mT(x: Any) -> Any:
-    """x with its last two axes swapped: the matrix transpose of every batch entry."""
-    return ops.transpose(x, tuple(range(x.ndim - 2)) + (x.ndim - 1, x.ndim - 2))
-
-
-def _matmul_da(ct: Any, out: Any, a: Any, b: Any) -> Any:
-    a2, b2, ct2 = _promote(ct, a, b)
-    da = ops.matmul(ct2, _mT(b2))  # [..., M, K]; batch axes a was broadcast over are summed
-    return ops.reshape(da, da.shape[:-2] + da.shape[-1:]) if a.ndim == 1 else da
-
-
-def _matmul_db(ct: Any, out: Any, a: Any, b: Any) -> Any:
-    a2, b2, ct2 = _promote(ct, a, b)
-    db = ops.matmul(_mT(a2), ct2)  # [..., K, N]
-    return ops.reshape(db, db.shape[:-1]) if b.ndim == 1 else db
-
-
 register(OpDef("matmul", LINALG, _matmul_infer, np.matmul,
-               doc="numpy.matmul: batched, 1-D operands promoted and the axis removed",
-               vjp=(_matmul_da, _matmul_db)))
+               doc="numpy.matmul: batched, 1-D operands promoted and the axis removed"))
 
 
 # -- constants ----------------------------------------------------------------------------------
@@ -526,48 +417,29 @@ register(OpDef("assign", EFFECT, _assign_infer,
                doc="assign @p, v: at the end of the step @p holds v; yields a token"))
 register(OpDef("depend", CONTROL, _depend_infer, lambda x: x,
                doc="depend x after(t...): x, ordered after the values and tokens t",
-               vjp=(_identity_vjp,), view=_identity_view))
+               view=_identity_view))
 
 
 # -- activations: elementwise, for small networks -------------------------------------------------
 # gelu is the tanh approximation (jax.nn.gelu's default, torch's approximate="tanh"): one
 # elementwise formula that fuses like the others, where the exact form needs an erf op.
-_GELU_C = math.sqrt(2 / math.pi)
-_GELU_A = 0.044715
+GELU_C = math.sqrt(2 / math.pi)
+GELU_A = 0.044715
 
 
 def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1 + np.tanh(_GELU_C * (x + _GELU_A * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(GELU_C * (x + GELU_A * x ** 3)))
 
 
-def _softplus_lower(e: Any, x: Any) -> Any:
-    """max(x, 0) + log1p(exp(-|x|)): log(1 + exp(x)) without overflow."""
-    return e.add(e.maximum(x, e.like(x, 0)), e.log1p(e.exp(e.neg(e.abs(x)))))
-
-
-def _gelu_lower(e: Any, x: Any) -> Any:
-    inner = e.mul(e.like(x, _GELU_C), e.add(x, e.mul(e.like(x, _GELU_A), e.mul(x, e.mul(x, x)))))
-    return e.mul(e.mul(e.like(x, 0.5), x), e.add(e.like(x, 1), e.tanh(inner)))
-
-
-def _gelu_vjp(ct: Any, out: Any, x: Any) -> Any:
-    t = ops.tanh(_GELU_C * (x + _GELU_A * x * x * x))
-    return ct * (0.5 * (1 + t) + 0.5 * x * (1 - t * t) * _GELU_C * (1 + 3 * _GELU_A * x * x))
-
-
-_elementwise("relu", 1, lambda x: np.maximum(x, 0), NUM, lower=lambda e, x: e.maximum(x, e.like(x, 0)), doc="max(x, 0); gradient 0 at x = 0",
-             vjp=(lambda ct, out, x: ops.where(x > 0, ct, 0),))
-_elementwise("tanh", 1, np.tanh, FLOAT, lower=lambda e, x: e.tanh(x), vjp=(lambda ct, out, x: ct * (1 - out * out),))
-_elementwise("sigmoid", 1, lambda x: np.exp(-np.logaddexp(0, -x)), FLOAT, lower=lambda e, x: e.exp(e.neg(_softplus_lower(e, e.neg(x)))),
-             doc="1 / (1 + exp(-x)), computed as exp(-softplus(-x)): no overflow",
-             vjp=(lambda ct, out, x: ct * out * (1 - out),))
-_elementwise("softplus", 1, lambda x: np.logaddexp(0, x), FLOAT, lower=lambda e, x: _softplus_lower(e, x),
-             doc="log(1 + exp(x)), computed without overflow",
-             vjp=(lambda ct, out, x: ct * ops.sigmoid(x),))
-_elementwise("gelu", 1, _gelu, FLOAT, lower=_gelu_lower, doc="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))",
-             vjp=(_gelu_vjp,))
-_elementwise("stop_gradient", 1, lambda x: x, ANY, lower=lambda e, x: x,
-             doc="x itself; reverse-mode autodiff sends no gradient through it", vjp=(None,))
+_elementwise("relu", 1, lambda x: np.maximum(x, 0), NUM, doc="max(x, 0); gradient 0 at x = 0")
+_elementwise("tanh", 1, np.tanh, FLOAT)
+_elementwise("sigmoid", 1, lambda x: np.exp(-np.logaddexp(0, -x)), FLOAT,
+             doc="1 / (1 + exp(-x)), computed as exp(-softplus(-x)): no overflow")
+_elementwise("softplus", 1, lambda x: np.logaddexp(0, x), FLOAT,
+             doc="log(1 + exp(x)), computed without overflow")
+_elementwise("gelu", 1, _gelu, FLOAT, doc="0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))")
+_elementwise("stop_gradient", 1, lambda x: x, ANY,
+             doc="x itself; reverse-mode autodiff sends no gradient through it")
 
 
 # -- network ops: log_softmax and losses (category nn) --------------------------------------------
@@ -585,9 +457,7 @@ def _log_softmax_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Typ
 
 register(OpDef("log_softmax", NN, _log_softmax_infer, _log_softmax, attrs=("axis",),
                attr_kinds=(INT_ATTR,),
-               doc="x - log(sum(exp(x), axis, keepdims)), computed stably",
-               vjp=(lambda ct, out, x, axis:
-                    ct - ops.exp(out) * ops.sum(ct, axis, keepdims=True),)))
+               doc="x - log(sum(exp(x), axis, keepdims)), computed stably"))
 
 
 def _cross_entropy_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -608,16 +478,9 @@ def _cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
     return -np.mean(np.take_along_axis(logp, labels[..., None].astype(np.intp), axis=-1))
 
 
-def _cross_entropy_vjp(ct: Any, out: Any, logits: Any, labels: Any) -> Any:
-    # d/dlogits of mean(-log softmax(logits)[label]) = (softmax - one_hot(label)) / examples
-    target = ops.one_hot(labels, logits.shape[-1], logits.dtype)
-    return (ops.softmax(logits, -1) - target) * (ct / labels.size)
-
-
 register(OpDef("softmax_cross_entropy", NN, _cross_entropy_infer, _cross_entropy,
                doc="mean over the examples of -log softmax(logits)[label]; labels are class "
-                   "indices in [0, classes), logits [..., classes]", dtype_group=(0,),
-               vjp=(_cross_entropy_vjp, None)))
+                   "indices in [0, classes), logits [..., classes]", dtype_group=(0,)))
 
 
 def _mse_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -627,15 +490,8 @@ def _mse_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     return [TensorType((), d)]
 
 
-def _mse_grad(ct: Any, pred: Any, target: Any) -> Any:
-    diff = pred - target
-    return diff * (ct * (2 / max(diff.size, 1)))  # (an empty diff has an empty gradient)
-
-
 register(OpDef("mse_loss", NN, _mse_infer, lambda p, t: np.mean(np.square(p - t)),
-               doc="mean((pred - target)**2) over the broadcast shape",
-               vjp=(lambda ct, out, p, t: _mse_grad(ct, p, t),
-                    lambda ct, out, p, t: -_mse_grad(ct, p, t))))
+               doc="mean((pred - target)**2) over the broadcast shape"))
 
 
 # -- gather / scatter_add along axis 0 (category index) -------------------------------------------
@@ -665,10 +521,7 @@ def _scatter_add(x: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.
 
 register(OpDef("gather", INDEX, _gather_infer, lambda table, idx: np.take(table, idx, axis=0),
                doc="table[indices]: rows of the table (an embedding lookup), numpy.take axis 0",
-               dtype_group=(0,),
-               vjp=(lambda ct, out, table, idx: ops.scatter_add(ops.zeros_like(table), idx, ct),
-                    None)))
+               dtype_group=(0,)))
 register(OpDef("scatter_add", INDEX, _scatter_add_infer, _scatter_add,
                doc="x with updates added at rows indices; repeated rows accumulate",
-               dtype_group=(0, 2),
-               vjp=(_identity_vjp, None, lambda ct, out, x, idx, upd: ops.gather(ct, idx))))
+               dtype_group=(0, 2)))

@@ -1,9 +1,9 @@
 """The op registry: each op is declared once, with everything every part of graphopt needs.
 
 An `OpDef` holds the op's name, category, attribute names, type rule and numpy reference
-semantics. The tracer, verifier, interpreter, printer and parser read only this table; later
-parts (LLVM lowering, VJP rules) add fields to the same declaration. The declarations
-themselves live in `opdefs.py`.
+semantics. The tracer, verifier, interpreter, printer, parser and passes read only this
+table; the layers above keep their own per-op tables (VJP rules in autodiff/rules.py, LLVM
+lowerings in backends/llvm/lowering.py). The declarations themselves live in `opdefs.py`.
 """
 from __future__ import annotations
 
@@ -98,11 +98,6 @@ VALUE_ATTR = AttrKind("a number or an array",
 ViewRule = Callable[..., "tuple[int, tuple[int, ...]] | None"]
 
 
-# A VJP rule: rule(ct, out, *inputs, **attrs) -> the gradient for one input, built with
-# graphopt.ops (so the backward graph is ordinary nodes). ct is the cotangent of the output.
-VjpRule = Callable[..., Any]
-
-
 @dataclass(frozen=True)
 class OpDef:
     """One op. `infer(input_types, attrs) -> output types` raises OpTypeError on bad input;
@@ -119,13 +114,6 @@ class OpDef:
     # Attributes read off the printed result type instead of printed (shape, dtype).
     type_attrs: tuple[str, ...] = ()
     doc: str = ""
-    # Reverse mode (frontend/autodiff.py): one rule per input, None where no gradient flows
-    # (an integer index, a condition); `vjp=None` means the op is not differentiable.
-    vjp: tuple[VjpRule | None, ...] | None = None
-    # LLVM lowering of one element (backends/llvm): `lower(e, *operands, **attrs)` builds the
-    # result from the primitives of an Emitter (e.add, e.sqrt, e.select, ...); None: the op
-    # is not compiled, and a kernel holding it runs through numpy.
-    lower: Callable[..., Any] | None = None
     # Type promotion (the frontend's weak types, frontend/tracer.py): the inputs whose dtypes
     # the type rule requires to agree (None: all of them), and whether the op fixes its
     # result's dtype itself (a comparison's bool, a cast's attribute) instead of taking theirs.

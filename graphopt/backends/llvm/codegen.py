@@ -30,6 +30,7 @@ from ...ir.kernel import REDUCTIONS, layout, stores
 from ...ir.types import TensorType
 from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, Emitter, compute_type, storage_type
+from .lowering import LOWERING
 
 PTR = ir.PointerType()
 F64 = ir.DoubleType()
@@ -293,11 +294,11 @@ class _Builder:
                          self.accs[r])
 
     def lower(self, n: Node, env: dict[Value, ir.Value]) -> ir.Value:
-        op = n.opdef
-        if op.lower is None:
+        rule = LOWERING.get(n.op)
+        if rule is None:
             raise LoweringError(f"op {n.op} has no LLVM lowering")
         self.e.in_dtypes = [v.dtype for v in n.inputs]
-        v = op.lower(self.e, *[env[v] for v in n.inputs], **n.attrs)
+        v = rule(self.e, *[env[v] for v in n.inputs], **n.attrs)
         return self.e.round_to(v, n.out.dtype) if n.out.dtype.name in ("f16", "bf16") else v
 
     # -- reductions -----------------------------------------------------------------------------

@@ -1,6 +1,6 @@
 """The Emitter: element-level LLVM IR for the ops of a kernel body.
 
-The op registry says how each op computes one element (`OpDef.lower`, a function of an
+The lowering table (lowering.py) says how each op computes one element (a function of an
 Emitter and the op's operand values); the Emitter gives it the primitives, chosen by the
 operand's LLVM type: `e.add(x, y)` is `fadd` for floats and `add` for integers.
 

@@ -10,12 +10,12 @@ a trace (a `jit` step), does three things in that trace:
 2. **Forward.** `fn` runs with the trace active: its nodes land in the step's graph like any
    others. They are the nodes appended from here on (the *region*).
 3. **Backward.** The region is walked in reverse (a reverse topological order), from the
-   output. Each node whose output has a cotangent applies its op's VJP rule (declared with the
-   op, in `ir/opdefs.py`) once per input that can carry a gradient; the rules are written with
-   `graphopt.ops`, so the backward pass is made of ordinary nodes, appended to the same graph
-   through the same `bind` path. A value used several times gets the sum of its cotangents; a
-   gradient of a broadcast input is summed back to the input's shape (`sum_to_shape`, the one
-   place that does it).
+   output. Each node whose output has a cotangent applies its op's VJP rule (the table in
+   `rules.py`, one entry per op) once per input that can carry a gradient; the rules are
+   written with `graphopt.ops`, so the backward pass is made of ordinary nodes, appended to
+   the same graph through the same `bind` path. A value used several times gets the sum of
+   its cotangents; a gradient of a broadcast input is summed back to the input's shape
+   (`sum_to_shape`, the one place that does it).
 
 Forward, backward and the optimizer update that follows are then one graph, so dead-code
 elimination, CSE and fusion work across all three. Called outside any trace (eager mode), the
@@ -42,10 +42,11 @@ from typing import Any, Callable, Sequence
 from ..errors import GradientError, NotDifferentiableError
 from ..ir.graph import Location, Node, Value
 from ..ir.types import TensorType
-from . import pytree
-from .parameter import Parameter
-from .tensor import EagerTensor, Tensor, TracedTensor
-from .tracer import Trace, current_trace, trace_function, user_location
+from ..frontend import pytree
+from ..frontend.parameter import Parameter
+from ..frontend.tensor import EagerTensor, Tensor, TracedTensor
+from ..frontend.tracer import Trace, current_trace, trace_function, user_location
+from .rules import VJP
 
 # Traces in which a function is being differentiated right now: a value_and_grad called in
 # one of them would be a nested (higher-order) gradient, which is not supported.
@@ -85,7 +86,7 @@ def _active_values(region: Sequence[Node], variables: Sequence[Value]) -> set[Va
     that needs to go through it is reported instead of silently dropped."""
     active = {v for v in variables if v.dtype.is_float}
     for node in region:
-        rules = node.opdef.vjp
+        rules = VJP.get(node.op)
         if any(v in active and (rules is None or rules[i] is not None)
                for i, v in enumerate(node.inputs)):
             active.update(o for o in node.outputs
@@ -120,7 +121,7 @@ def backprop(trace: Trace, start: int, loss: Value, variables: Sequence[Value]) 
         cts = [cotangents.pop(o, None) for o in node.outputs]
         if all(ct is None for ct in cts):
             continue  # nothing downstream asked for a gradient through this node
-        rules = node.opdef.vjp
+        rules = VJP.get(node.op)
         if rules is None or len(node.outputs) != 1:
             raise NotDifferentiableError(
                 f"op '{node.op}' has no VJP rule, and a gradient has to flow through it; "
