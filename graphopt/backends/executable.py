@@ -1,7 +1,8 @@
 """Executable: a compiled step. One call runs the whole graph and updates Parameters in place.
 
 A call is atomic: every argument is checked against the signature the step was compiled for
-before anything runs, and the new parameter values are written only after the whole graph ran.
+(and against the buffers the step updates in place: aliasing.py) before anything runs, and the
+new parameter values are written only after the whole graph ran.
 """
 from __future__ import annotations
 
@@ -13,10 +14,11 @@ import numpy as np
 from ..errors import BackendError, SignatureError
 from ..frontend import pytree
 from ..frontend.tensor import EagerTensor
-from ..frontend.tracer import Traced, bind_arguments
+from ..frontend.tracer import Traced, bind_arguments, leaf_spec
 from ..ir.graph import Graph
+from ..ir.kernel import written
 from ..ir.types import TensorType
-from . import exclusion, get_backend
+from . import aliasing, exclusion, get_backend
 from .exclusion import InterruptsDeferred
 
 
@@ -46,6 +48,9 @@ class Executable:
         self.takes_only_arguments = all(k == "arg" for k in self._leaf_kinds) and \
             len(self._args) == len(self._leaf_kinds)
         self._param_buffers = dict(self._param_arrays())
+        updated = {v for n in self.graph.nodes for v in written(n)}
+        # What an argument must not alias; usually empty (graphopt owns the buffers).
+        self.exposed = aliasing.exposed(p for v, p in self.param_inputs if v in updated)
         self._domain = exclusion.domain_of([self, *(p for _, p in self.param_inputs)])
         self.last_step_seconds: float | None = None
 
@@ -57,9 +62,11 @@ class Executable:
     def run(self, leaves: list[Any], paths: Sequence[str], matched: bool = False,
             checked: bool = False) -> Any:
         """Check every argument leaf, run the graph, then commit the assigns. `matched`: jit
-        found this step by the leaves' shapes and dtypes, so only their layout is left to
-        check (for the arguments native code reads); `checked`: jit checked that too, and
-        every leaf is an argument, in order."""
+        found this step by the leaves' shapes and dtypes, so only their layout and aliasing
+        are left to check (for the arguments native code reads); `checked`: jit checked
+        those too, and every leaf is an argument, in order."""
+        if self.exposed and not checked:  # first: the cause of a layout error it would give
+            aliasing.check_arguments(self.exposed, leaves, paths)
         inputs = dict(self._param_buffers)  # (a Parameter's buffer never changes: in place)
         if checked:
             inputs.update(zip(self._args, leaves))
@@ -142,6 +149,8 @@ def _checked_array(leaf: Any, t: TensorType, path: str, native: bool = False) ->
         leaf = leaf.array
     if isinstance(leaf, (bool, int, float)):
         return np.asarray(leaf, dtype=t.dtype.np_dtype)
+    if not isinstance(leaf, (np.ndarray, np.generic)):
+        leaf_spec(leaf, path)  # refuses what jit refuses (a memoryview would hide an alias)
     a = np.asarray(leaf)
     if a.shape != t.shape or a.dtype != t.dtype.np_dtype:
         raise SignatureError(f"argument '{path}' is {a.dtype}{list(a.shape)}, but this step was "

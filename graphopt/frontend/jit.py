@@ -9,21 +9,16 @@ from __future__ import annotations
 import contextlib
 import functools
 import gc
-import itertools
 import operator
 from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 import numpy as np
-from numpy.lib.array_utils import byte_bounds
 
-from .. import memory
+from ..backends import aliasing
 from ..backends.executable import Executable
-from ..errors import AliasingError, ArgumentError
-from ..ir.kernel import written
+from ..errors import ArgumentError
 from . import checks, pytree
-from .parameter import Parameter
-from .tensor import EagerTensor
 from .tracer import bind_arguments, current_trace, leaf_spec, trace_function
 
 
@@ -65,7 +60,7 @@ class _LastCall:
                  exposed: dict):
         self.tree, self.exe, self.leaves = tree, exe, leaves  # (the runtime keeps them too)
         self.target = target
-        self.exposed = exposed  # what an argument must not alias (_exposed_updates)
+        self.exposed = exposed  # what an argument must not alias (Executable.exposed)
         self.shapes, self.dtypes = list(map(_SHAPE, leaves)), list(map(_DTYPE, leaves))
         self.strides = list(map(_STRIDES, leaves))
 
@@ -85,49 +80,6 @@ class _LastCall:
                 and list(map(_STRIDES, leaves)) == self.strides
                 and (all(map(operator.is_, leaves, self.leaves))
                      or all(map(_ALIGNED, leaves))))
-
-
-def _exposed_updates(exe: Executable) -> dict[int, Parameter]:
-    """The Parameters the step updates in place whose buffer is the caller's own array (made
-    with copy=False), by id of the array: an argument that shares its memory would be read
-    after the step overwrote it. Other Parameters' buffers are graphopt's alone."""
-    updated = {v for n in exe.graph.nodes for v in written(n)}
-    return {id(p._value): p for v, p in exe.param_inputs if v in updated and p._exposed}
-
-
-_BASE = operator.attrgetter("base")
-
-
-def _check_aliasing(exposed: dict[int, Parameter], leaves: list, paths: Sequence[str]) -> None:
-    """An AliasingError if an argument leaf views one of the `exposed` buffers. A buffer owns
-    its memory, and numpy makes a view's `base` the array that owns the memory, so a few C
-    loops over ids decide the common case; a view of other memory (a memoryview, a buffer
-    of numpy's that does not own its data) is compared by its address range."""
-    arrays = leaves
-    if set(map(type, leaves)) != {np.ndarray}:
-        arrays = [x.array if isinstance(x, EagerTensor) else x for x in leaves]
-        arrays = [a for a in arrays if isinstance(a, np.ndarray)]
-    bases = list(map(_BASE, arrays))
-    others = {id(b): b for b in bases if b is not None} \
-        if any(map(operator.is_not, bases, itertools.repeat(None))) else {}
-    if not any(any(map(operator.is_, arrays, itertools.repeat(buf)))
-               or any(map(operator.is_, bases, itertools.repeat(buf)))
-               for buf in (p._value for p in exposed.values())) \
-            and all(type(b) is np.ndarray and b.flags.owndata for b in others.values()):
-        return
-    ranges = [(memory.address(p._value), p._value.nbytes, p) for p in exposed.values()]
-    for a, path in zip(arrays, (p for x, p in zip(leaves, paths)
-                                if isinstance(getattr(x, "array", x), np.ndarray))):
-        if a.size == 0:
-            continue
-        low, high = byte_bounds(a)
-        for start, size, p in ranges:
-            if low < start + size and start < high:
-                raise AliasingError(
-                    f"argument '{path}' shares memory with Parameter '{p.name}', which this "
-                    f"step updates in place (the Parameter was made with copy=False over this "
-                    f"array): the step would read it after overwriting it. Pass a copy "
-                    f"(np.array(...)), or make the Parameter with copy=True")
 
 
 class JittedFunction:
@@ -156,7 +108,6 @@ class JittedFunction:
         self.fn = fn
         self.backend = backend
         self._cache: dict[tuple, Any] = {}
-        self._exposed: dict[Executable, dict] = {}  # per compiled step: _exposed_updates
         self._tree: pytree.TreeDef | None = None
         self._last: _LastCall | None = None
         self._traces = self._compiles = self._hits = 0
@@ -169,7 +120,7 @@ class JittedFunction:
         if last is not None and last.matches(tree, leaves, target):
             self._hits += 1
             if last.exposed and not all(map(operator.is_, leaves, last.leaves)):
-                _check_aliasing(last.exposed, leaves, paths)  # (new arrays only)
+                aliasing.check_arguments(last.exposed, leaves, paths)  # (new arrays only)
             return last.exe, leaves, paths, True
         if self._tree is not None:
             pytree.check_same(self._tree, tree, self.__name__)
@@ -187,12 +138,8 @@ class JittedFunction:
             self._tree = tree
         else:
             self._hits += 1
-        exposed = self._exposed.get(exe)
-        if exposed is None:
-            exposed = self._exposed[exe] = _exposed_updates(exe)
-        if exposed:
-            _check_aliasing(exposed, leaves, paths)
-        self._last = _LastCall.of(tree, leaves, exe, target, exposed)
+        # (exe.run checks this call's arguments for aliasing; the fast path above, new ones)
+        self._last = _LastCall.of(tree, leaves, exe, target, exe.exposed)
         return exe, leaves, paths, False
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:

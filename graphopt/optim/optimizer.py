@@ -38,6 +38,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 from .. import memory, ops
+from ..backends import aliasing
 from ..errors import CheckpointError, OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.hypermap import MapUnsupported, hypermap
@@ -285,7 +286,10 @@ class Optimizer:
     # -- checking input --------------------------------------------------------------------
     def check_grads(self, grads: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
         """The gradients as a list in the order of `self.params`, or an OptimizerError that
-        names the parameter (raised before anything changes)."""
+        names the parameter (raised before anything changes). In eager mode also an
+        AliasingError for a gradient that views a parameter made with copy=False, as a
+        compiled step refuses such an argument (backends/aliasing.py): the update would read
+        it after overwriting it."""
         kind = type(self).__name__
         names = [s.param.name for s in self._slots]
         if isinstance(grads, Mapping):
@@ -322,6 +326,11 @@ class Optimizer:
                                    sorted(allowed, key=lambda d: d.name))
                 raise OptimizerError(f"{kind}.step: the gradient of '{slot.param.name}' is "
                                      f"{got}, expected {want}")
+        if current_trace() is None:
+            exposed = aliasing.exposed(self.params)
+            if exposed:
+                aliasing.check_arguments(exposed, grads, names, f"{kind}.step: the gradient "
+                                                                f"of '{{}}'")
         return grads
 
     # -- state: creation, listing, saving --------------------------------------------------

@@ -1,12 +1,15 @@
 """Family 9: memory shared where an in-place update would break. A Parameter made with
 copy=False over an array is that array: a step that updates the Parameter refuses (an
 AliasingError at the call, naming the argument and the Parameter) an argument that shares the
-array's memory, on both backends; a second Parameter over one array is refused when made."""
+array's memory, on both backends and at every entry point that runs a step on the caller's
+arrays (a jitted step, a compiled Executable called directly, value_and_grad called eagerly,
+an optimizer's step in eager mode); a second Parameter over one array is refused when made."""
 import numpy as np
 import pytest
 
 import graphopt as go
-from graphopt.errors import AliasingError, ParameterError
+from graphopt import optim
+from graphopt.errors import AliasingError, ParameterError, SignatureError
 
 BACKENDS = ["interpreter", "llvm"]
 
@@ -99,6 +102,109 @@ def test_a_copied_parameter_is_never_aliased(backend):
     step(a)
     step(a)
     np.testing.assert_array_equal(p.numpy(), 3 * np.arange(4))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_a_compiled_step_called_directly_refuses_an_aliasing_argument(backend, view):
+    a, p, step = make(backend)
+    exe = step.lower(np.ones(8, np.float32))  # lowering runs nothing and checks no alias
+    with pytest.raises(AliasingError, match=r"argument 'x' shares memory with Parameter 'p'"):
+        exe(VIEWS[view](a))
+    np.testing.assert_array_equal(p.numpy(), np.arange(8))
+    np.testing.assert_array_equal(exe(np.array(a)), np.arange(8) * 2)  # a copy is fine
+    np.testing.assert_array_equal(a, np.arange(8) * 2)
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_a_compiled_step_refuses_a_memoryview_as_jit_does(backend):
+    """np.asarray would make a memoryview of the Parameter's array a view of it; a compiled
+    step takes what jit takes, numpy arrays and Python scalars."""
+    a, p, step = make(backend)
+    exe = step.lower(np.ones(8, np.float32))
+    for run in (exe, step):
+        with pytest.raises(SignatureError, match="argument 'x' is a memoryview"):
+            run(memoryview(a))
+    np.testing.assert_array_equal(p.numpy(), np.arange(8))
+
+
+def grad_assigning(p):
+    """value_and_grad of a function that also updates p (a running statistic, say)."""
+    def loss(x):
+        go.assign(p, p + x)
+        return (x * x).sum()
+    return go.value_and_grad(loss)
+
+
+@pytest.mark.parametrize("view", list(VIEWS))
+def test_eager_value_and_grad_refuses_an_aliasing_argument(view):
+    a = np.arange(8, dtype=np.float32)
+    p = go.Parameter(a, copy=False, name="p")
+    with pytest.raises(AliasingError, match=r"argument 'args\.0' shares memory with Parameter 'p'"):
+        grad_assigning(p)(VIEWS[view](a))
+    np.testing.assert_array_equal(p.numpy(), np.arange(8))
+    value, g = grad_assigning(p)(np.array(a))
+    assert float(value) == float((np.arange(8) ** 2).sum())
+    np.testing.assert_array_equal(np.asarray(g), 2 * np.arange(8))
+    np.testing.assert_array_equal(a, 2 * np.arange(8))
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_value_and_grad_in_a_jitted_step_refuses_an_aliasing_argument(backend):
+    a = np.arange(8, dtype=np.float32)
+    p = go.Parameter(a, copy=False, name="p")
+    step = go.jit(lambda x: grad_assigning(p)(x)[0], backend=backend, cache=False)
+    with pytest.raises(AliasingError, match=r"argument 'x'.*Parameter 'p'"):
+        step(a[::-1])
+    np.testing.assert_array_equal(p.numpy(), np.arange(8))
+
+
+def test_eager_value_and_grad_reading_an_aliased_parameter_is_allowed():
+    a = np.arange(4, dtype=np.float32)
+    p = go.Parameter(a, copy=False, name="p")
+    value, g = go.value_and_grad(lambda x: (p * x).sum(), wrt=[p])(a)
+    assert float(value) == float((a * a).sum())
+    np.testing.assert_array_equal(np.asarray(g[0]), a)
+
+
+OPTIMIZERS = {
+    "sgd-momentum": lambda ps: optim.SGD(ps, lr=0.1, momentum=0.9),
+    "adam": lambda ps: optim.Adam(ps, lr=0.1),
+    "lion": lambda ps: optim.Lion(ps, lr=0.1),  # reads the gradient after it writes p
+    "accumulate": lambda ps: optim.Accumulate(optim.Adam(ps, lr=0.1), steps=1),
+}
+
+
+def snapshot(opt):
+    params = opt.opt.parameters() if isinstance(opt, optim.Accumulate) else opt.parameters()
+    return {p.name: p.numpy() for p in params + opt.params}
+
+
+@pytest.mark.parametrize("make_opt", list(OPTIMIZERS.values()), ids=list(OPTIMIZERS))
+@pytest.mark.parametrize("view", ["itself", "reversed", "eager-tensor"])
+def test_an_eager_optimizer_step_refuses_a_gradient_aliasing_a_parameter(make_opt, view):
+    a = np.arange(8, dtype=np.float32)
+    p = go.Parameter(a, copy=False, name="p")
+    q = go.Parameter(np.ones(8, np.float32), name="q")
+    opt = make_opt([q, p])
+    before = snapshot(opt)
+    kind = type(opt).__name__ if not isinstance(opt, optim.Accumulate) else "Adam"
+    for grads in ([np.ones(8, np.float32), VIEWS[view](a)],
+                  {"q": np.ones(8, np.float32), "p": VIEWS[view](a)}):
+        with pytest.raises(AliasingError, match=rf"{kind}\.step: the gradient of 'p' shares "
+                                                rf"memory with Parameter 'p'"):
+            opt.step(grads)
+        after = snapshot(opt)
+        assert all(np.array_equal(after[k], before[k]) for k in before)  # nothing changed
+    opt.step([np.ones(8, np.float32), np.array(a)])  # a copy is fine
+    assert not np.array_equal(p.numpy(), np.arange(8))
+
+
+def test_an_eager_step_of_graphopt_owned_parameters_checks_nothing():
+    a = np.arange(4, dtype=np.float32)
+    p = go.Parameter(a, name="p")  # a copy: the gradient may be the array it was made from
+    optim.SGD([p], lr=1.0).step([a])
+    np.testing.assert_array_equal(p.numpy(), np.zeros(4))
 
 
 @pytest.mark.parametrize("name", [None, "q"])
