@@ -26,12 +26,13 @@ from .errors import OptimizerError
 from .frontend import Parameter, assign
 from .frontend.tensor import Tensor
 from .ir.types import f32, i64
+from .optim.arguments import CheckedArguments
 from .optim.optimizer import as_dtype, check_count, dtype_of
 
 Grads = Sequence[Any] | Mapping[str, Any]
 
 
-class LossScaler:
+class LossScaler(metaclass=CheckedArguments):
     """What static and dynamic scaling share: the scale is an f32 Parameter (`<name>`)."""
 
     def __init__(self, scale: float, name: str):

@@ -16,10 +16,11 @@ from .. import memory, ops
 from ..errors import OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.tensor import Tensor
+from .arguments import CheckedArguments
 from .optimizer import Optimizer, as_dtype, check_condition, check_count
 
 
-class Accumulate:
+class Accumulate(metaclass=CheckedArguments):
     """Wrap an optimizer: `Accumulate(opt, steps=4).step(grads)` accumulates the gradients
     of 4 calls in Parameters (`<param>.grad_accum`, in the compute dtype) and applies the
     optimizer to their mean on the 4th; a counter (`<opt>.accum_count`) says which call it

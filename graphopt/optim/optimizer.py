@@ -45,6 +45,7 @@ from ..frontend.hypermap import MapUnsupported, hypermap
 from ..frontend.tensor import Tensor
 from ..frontend.tracer import current_trace
 from ..ir.types import DType, TensorType, bf16, bool_, f16, f32, f64, to_dtype
+from .arguments import CheckedArguments
 from .groups import Option, ParamGroup, as_group_dicts, check_parameters, flag
 
 LOW_PRECISION = (f16, bf16)
@@ -109,12 +110,14 @@ class Scalars:
         return v
 
 
-class Optimizer:
+class Optimizer(metaclass=CheckedArguments):
     """Base class of graphopt's optimizers (torch.optim's interface, a traced step).
 
     Subclasses declare `options` (their constructor's hyper-parameters, see groups.Option),
     the state each parameter keeps (`init_state`), the per-group scalars (`scalars`) and the
-    update of one parameter (`update`).
+    update of one parameter (`update`). Their constructors pass `**kwargs` on to this one
+    (name, state_dtype, master_weights); a call with an argument the constructor does not
+    take is an OptimizerError at the caller's line (arguments.py).
 
     params: Parameters (a list, or a dict by name) or torch-style group dicts
         (`[{"params": [...], "lr": 1e-3}, ...]`); see `decay_groups`.

@@ -24,9 +24,10 @@ from .. import ops
 from ..errors import OptimizerError
 from ..frontend.tensor import Tensor
 from ..ir.types import f64, i64
+from .arguments import CheckedArguments
 
 
-class Schedule:
+class Schedule(metaclass=CheckedArguments):
     """Base class: `__call__(steps_done) -> lr`, both f64 scalar tensors."""
 
     def __call__(self, step: Any) -> Tensor:

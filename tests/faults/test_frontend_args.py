@@ -1,13 +1,17 @@
-"""Family 19: every bad argument of a public constructor or function of the frontend and of
-graphopt.ops is a GraphoptError subclass saying what is wrong (never a raw TypeError,
-ValueError, MemoryError or AssertionError, and never a silently wrong result)."""
+"""Family 19: every bad argument of a public constructor or function of the frontend, of
+graphopt.ops and of the optimizer library (graphopt.optim, graphopt.amp) is a GraphoptError
+subclass saying what is wrong (never a raw TypeError, ValueError, MemoryError or
+AssertionError, and never a silently wrong result)."""
+import inspect
+
 import numpy as np
 import pytest
 
 import graphopt as go
-from graphopt import ops
+from graphopt import amp, ops, optim
 from graphopt.errors import (ArgumentError, GradientError, GraphoptError, OpTypeError,
-                             ParameterError)
+                             OptimizerError, ParameterError)
+from graphopt.optim import schedules
 
 x = np.ones((2, 3), np.float32)
 
@@ -162,3 +166,109 @@ def test_good_arguments_still_work(call, shape, fill):
     assert p.shape == shape
     if fill is not None:
         assert (p.numpy() == fill).all()
+
+
+# -- the optimizer library's constructors --------------------------------------------------------
+# Every public class of graphopt.optim, graphopt.optim.schedules and graphopt.amp, with the
+# arguments of a good call: every optimizer graphopt.optim exports is found by its class.
+OPTIMIZERS = sorted((c for c in map(optim.__dict__.get, optim.__all__)
+                     if isinstance(c, type) and issubclass(c, optim.Optimizer)),
+                    key=lambda c: c.__name__)
+GOOD_ARGUMENTS = {
+    **{c: lambda: ([w()],) for c in OPTIMIZERS if c is not optim.Optimizer},
+    optim.Optimizer: lambda: ([w()], {}),
+    optim.Accumulate: lambda: (optim.SGD([w()]), 2),
+    schedules.Constant: lambda: (1e-3,),
+    schedules.ExponentialDecay: lambda: (1e-3, 0.9),
+    schedules.StepDecay: lambda: (1e-3, 10),
+    schedules.LinearWarmup: lambda: (1e-3, 10),
+    schedules.CosineDecay: lambda: (1e-3, 100),
+    schedules.WarmupCosine: lambda: (1e-3, 10, 100),
+    schedules.Schedule: lambda: (),
+    amp.LossScaler: lambda: (128.0, "scale"),
+    amp.StaticLossScaler: lambda: (),
+    amp.DynamicLossScaler: lambda: (),
+}
+CLASSES = list(GOOD_ARGUMENTS)
+IDS = [f"{c.__module__.rpartition('.')[2]}.{c.__name__}" for c in CLASSES]
+
+
+def test_every_public_class_of_the_optimizer_library_is_covered():
+    public = {c for module in (optim, schedules, amp) for c in map(module.__dict__.get,
+                                                                   module.__all__)
+              if isinstance(c, type) and c is not optim.ParamGroup}  # (built by optimizers)
+    assert public == set(CLASSES)
+    assert len(OPTIMIZERS) >= 10  # SGD, Adagrad, RMSprop, Adam, AdamW, NAdam, Adamax, LAMB, ...
+
+
+def positional(cls):
+    return [p.name for p in inspect.signature(cls).parameters.values()
+            if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD)]
+
+
+def bad_calls():
+    """(id, the class's name, the call, what the message must say), four faults a class."""
+    for cls, ident in zip(CLASSES, IDS):
+        name, good, names = cls.__name__, GOOD_ARGUMENTS[cls], positional(cls)
+        k, n = len(good()), len(names)
+        takes = f"at most {n} \\({', '.join(names)}\\)" if n else "none"
+        yield (f"{ident}-unknown-keyword", name, lambda c=cls, g=good: c(*g(), foo=1),
+               rf"{name}\(\): got an unexpected keyword argument 'foo'")
+        yield (f"{ident}-extra-positional", name,
+               lambda c=cls, g=good, extra=n - k + 1: c(*g(), *[None] * extra),
+               rf"{name}\(\): {n + 1} positional arguments? given, but it takes {takes}\.")
+        if k:
+            yield (f"{ident}-missing-positional", name, lambda c=cls, g=good: c(*g()[:-1]),
+                   rf"{name}\(\): missing a required argument: '{names[k - 1]}'")
+            yield (f"{ident}-repeated", name,
+                   lambda c=cls, g=good, first=names[0]: c(*g(), **{first: g()[0]}),
+                   rf"{name}\(\): multiple values for argument '{names[0]}'")
+
+
+BAD_CALLS = list(bad_calls())
+
+
+@pytest.mark.parametrize("name, call, match", [c[1:] for c in BAD_CALLS],
+                         ids=[c[0] for c in BAD_CALLS])
+def test_a_bad_constructor_call_is_an_optimizer_error(name, call, match):
+    with pytest.raises(OptimizerError, match=match) as e:
+        call()
+    assert str(e.value).startswith(f"{__file__}:")  # the caller's line, where the call is
+    assert f". Its arguments: {name}(" in str(e.value)
+
+
+@pytest.mark.parametrize("cls", CLASSES, ids=IDS)
+def test_every_argument_the_message_names_is_taken(cls):
+    """The signature a call is checked against is the constructor's own: each argument with a
+    default, passed by its name, is accepted (so no check refuses what the class takes)."""
+    good = GOOD_ARGUMENTS[cls]
+    for p in list(inspect.signature(cls).parameters.values())[len(good()):]:
+        assert p.default is not p.empty, p
+        cls(*good(), **{p.name: p.default})
+
+
+@pytest.mark.parametrize("cls", [c for c in OPTIMIZERS if c is not optim.Optimizer],
+                         ids=lambda c: c.__name__)
+def test_an_optimizers_signature_includes_the_base_keywords(cls):
+    sig = inspect.signature(cls)
+    assert {"params", "lr", "maximize", "name", "state_dtype", "master_weights"} <= \
+        set(sig.parameters)
+    assert not any(p.kind is p.VAR_KEYWORD for p in sig.parameters.values())
+    with pytest.raises(OptimizerError, match=r"'weight_decy' \(did you mean 'weight_decay'\?\)"):
+        cls([w()], weight_decy=0.1)
+
+
+def test_adamw_refuses_the_decoupling_flag_it_fixes():
+    with pytest.raises(OptimizerError, match="AdamW.*unexpected keyword argument "
+                                             "'decoupled_weight_decay'"):
+        optim.AdamW([w()], decoupled_weight_decay=False)
+
+
+def test_a_subclass_defined_elsewhere_is_bound_as_written():
+    class Scaled(optim.SGD):  # its **hyper are its own: not the base's keywords
+        def __init__(self, params, factor=1.0, **hyper):
+            super().__init__(params, lr=hyper.get("lr", 0.1) * factor)
+
+    assert Scaled([w()], factor=2.0, lr=0.5).param_groups[0]["lr"] == 1.0
+    with pytest.raises(OptimizerError, match=r"Scaled\(\): 3 positional arguments given"):
+        Scaled([w()], 2.0, 3.0)
