@@ -149,9 +149,9 @@ def _checked_array(leaf: Any, t: TensorType, path: str, native: bool = False) ->
         leaf = leaf.array
     if isinstance(leaf, (bool, int, float)):
         return np.asarray(leaf, dtype=t.dtype.np_dtype)
-    if not isinstance(leaf, (np.ndarray, np.generic)):
-        leaf_spec(leaf, path)  # refuses what jit refuses (a memoryview would hide an alias)
     a = np.asarray(leaf)
+    if a is not leaf and not isinstance(leaf, np.generic):
+        leaf_spec(leaf, path)  # refuses what jit refuses (a memoryview would hide an alias)
     if a.shape != t.shape or a.dtype != t.dtype.np_dtype:
         raise SignatureError(f"argument '{path}' is {a.dtype}{list(a.shape)}, but this step was "
                              f"compiled for {t}")
