@@ -1,9 +1,9 @@
 """graphopt: a small, inspectable graph compiler for training and optimizer steps."""
 from . import ir
 from .errors import GraphoptError
-from .frontend import (EagerTensor, Parameter, Tensor, TracedTensor, assign, depend, jit,
-                       trace)
+from .frontend import EagerTensor, Parameter, Tensor, TracedTensor, assign, depend, trace
 from . import ops  # noqa: E402  (after the frontend it builds on)
+from .compile import jit
 from .autodiff import grad, value_and_grad
 from .ops import stop_gradient
 from .ir import Graph, parse

@@ -329,7 +329,7 @@ def _run_eagerly(value_and_grad_fn: Callable, args: tuple, kwargs: dict) -> Any:
 
     Every call traces afresh, as eager code sees the current values of everything it closes
     over; a step that is called many times belongs under `jit`."""
-    from ..backends.executable import Executable
+    from ..compile.executable import Executable
 
     def step(args: tuple, kwargs: dict) -> Any:
         return value_and_grad_fn(*args, **kwargs)

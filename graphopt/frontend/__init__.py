@@ -1,8 +1,7 @@
-"""The frontend: Parameters, tensors, the tracer, jit and eager mode."""
-from .jit import CacheInfo, JittedFunction, jit
+"""The frontend: Parameters, tensors, the tracer and eager mode: what a step function is
+written with (graphopt.ops is its op library)."""
 from .parameter import Parameter
 from .tensor import EagerTensor, Tensor, TracedTensor
 from .tracer import assign, depend, trace
 
-__all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "trace", "jit", "assign",
-           "depend", "JittedFunction", "CacheInfo"]
+__all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "trace", "assign", "depend"]

@@ -98,7 +98,7 @@ class Parameter(Tensor):
         self._value = arr  # owned, C-contiguous; updated in place by steps, never replaced
         self._type = TensorType(arr.shape, dt)
         # `arr` is the caller's own array (copy=False): a step that updates this Parameter
-        # refuses an argument that shares its memory (backends/executable.py).
+        # refuses an argument that shares its memory (compile/executable.py).
         self._exposed = exposed
 
     @property

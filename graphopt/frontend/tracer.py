@@ -36,7 +36,8 @@ from .tensor import EagerTensor, Tensor, TracedTensor
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 # Frames in these places are graphopt's machinery; the first frame outside them is the
 # user's line (graphopt.optim counts as user code: its lines are the update rules).
-_INTERNAL = tuple(os.path.join(_PKG, d) for d in ("frontend", "ir", "backends", "autodiff", "ops.py"))
+_INTERNAL = tuple(os.path.join(_PKG, d) for d in ("frontend", "ir", "backends", "compile",
+                                                  "autodiff", "ops.py"))
 
 class _Traces(threading.local):
     """The traces under way, innermost last: one stack per thread, so a step traced on one

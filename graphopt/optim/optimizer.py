@@ -38,7 +38,7 @@ from typing import Any, Callable, ClassVar, Mapping, Sequence
 import numpy as np
 
 from .. import memory, ops
-from ..backends import aliasing
+from ..compile import aliasing
 from ..errors import CheckpointError, OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.hypermap import MapUnsupported, hypermap
@@ -291,7 +291,7 @@ class Optimizer(metaclass=CheckedArguments):
         """The gradients as a list in the order of `self.params`, or an OptimizerError that
         names the parameter (raised before anything changes). In eager mode also an
         AliasingError for a gradient that views a parameter made with copy=False, as a
-        compiled step refuses such an argument (backends/aliasing.py): the update would read
+        compiled step refuses such an argument (compile/aliasing.py): the update would read
         it after overwriting it."""
         kind = type(self).__name__
         names = [s.param.name for s in self._slots]

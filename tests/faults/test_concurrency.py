@@ -1,5 +1,5 @@
 """Family 1: one compiled step called from several threads, and steps that share a Parameter:
-calls that touch the same parameters take turns (graphopt/backends/exclusion.py), so no call
+calls that touch the same parameters take turns (graphopt/compile/exclusion.py), so no call
 sees another's half-written tables or buffers and no update is lost."""
 import threading
 

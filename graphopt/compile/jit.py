@@ -15,11 +15,11 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
-from ..backends import aliasing
-from ..backends.executable import Executable
 from ..errors import ArgumentError
-from . import checks, pytree
-from .tracer import bind_arguments, current_trace, leaf_spec, trace_function
+from ..frontend import checks, pytree
+from ..frontend.tracer import bind_arguments, current_trace, leaf_spec, trace_function
+from . import aliasing
+from .executable import Executable
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,8 @@ from ..frontend.tracer import Traced, bind_arguments, leaf_spec
 from ..ir.graph import Graph
 from ..ir.kernel import written
 from ..ir.types import TensorType
-from . import aliasing, exclusion, get_backend
+from ..backends import get_backend
+from . import aliasing, exclusion
 from .exclusion import InterruptsDeferred
 
 
