@@ -46,7 +46,7 @@ import numpy as np
 
 from .errors import CheckpointError, OptimizerError
 from .frontend import Parameter, assign
-from .frontend.tracer import current_trace
+from .frontend.traces import current_trace
 from .ir.types import DTYPES, DType, TensorType, bf16, to_dtype
 
 FORMAT = 1

@@ -15,7 +15,8 @@ import numpy as np
 from .errors import OpTypeError
 from .frontend import checks, indexing
 from .frontend.tensor import Tensor
-from .frontend.tracer import assign, bind, depend, user_location
+from .frontend.bind import assign, bind, depend
+from .frontend.traces import user_location
 from .ir.opdefs import constant_value
 from .ir.types import f32
 

@@ -13,7 +13,7 @@ import graphopt as go
 from graphopt import ops
 from graphopt.errors import (AssignError, BackendError, ExecutionError, GraphoptError,
                              OpTypeError, ParameterError, SignatureError, TracerBoolError)
-from graphopt.frontend.tracer import current_trace
+from graphopt.frontend.traces import current_trace
 
 HERE = os.path.basename(__file__)
 

@@ -16,7 +16,7 @@ import support
 import graphopt as go
 from graphopt import ops
 from graphopt.errors import OpTypeError, SignatureError
-from graphopt.frontend.tracer import current_trace
+from graphopt.frontend.traces import current_trace
 
 # Bit-for-bit comparisons with numpy: on the reference backend (see conftest.py).
 pytestmark = pytest.mark.usefixtures("reference_backend")

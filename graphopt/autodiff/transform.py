@@ -45,7 +45,8 @@ from ..ir.types import TensorType
 from ..frontend import pytree
 from ..frontend.parameter import Parameter
 from ..frontend.tensor import EagerTensor, Tensor, TracedTensor
-from ..frontend.tracer import Trace, current_trace, trace_function, user_location
+from ..frontend.traces import Trace, current_trace, user_location
+from ..frontend.tracer import trace_function
 from .rules import VJP
 
 # Traces in which a function is being differentiated right now: a value_and_grad called in

@@ -17,7 +17,8 @@ import numpy as np
 
 from ..errors import ArgumentError
 from ..frontend import checks, pytree
-from ..frontend.tracer import bind_arguments, current_trace, leaf_spec, trace_function
+from ..frontend.traces import current_trace
+from ..frontend.tracer import bind_arguments, leaf_spec, trace_function
 from . import aliasing
 from .executable import Executable
 

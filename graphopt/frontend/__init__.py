@@ -2,6 +2,7 @@
 written with (graphopt.ops is its op library)."""
 from .parameter import Parameter
 from .tensor import EagerTensor, Tensor, TracedTensor
-from .tracer import assign, depend, trace
+from .bind import assign, depend
+from .tracer import trace
 
 __all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "trace", "assign", "depend"]

@@ -25,7 +25,7 @@ from ..ir.graph import Location, Node, Value
 from ..ir.kernel import infer_types
 from ..ir.registry import CONSTANT, ELEMENTWISE, OpDef
 from ..ir.types import TensorType
-from . import tracer
+from . import traces
 from .parameter import Parameter
 from .tensor import TracedTensor
 
@@ -40,10 +40,10 @@ class MapUnsupported(GraphoptError):
     """The rule or the instances do not fit one multi-tensor kernel."""
 
 
-class MapTrace(tracer.Trace):
+class MapTrace(traces.Trace):
     """The trace of one element of the rule: a kernel body."""
 
-    def __init__(self, parent: tracer.Trace, roles: dict[int, Hashable]):
+    def __init__(self, parent: traces.Trace, roles: dict[int, Hashable]):
         super().__init__("kernel")
         self.parent = parent
         self.roles = roles  # id(first instance's object) -> role
@@ -152,12 +152,12 @@ _SCALAR_OPS = _scalar_ops()
 def hypermap(rule: Callable[[], Any], instances: list[dict[Hashable, Any]]) -> Node:
     """Trace `rule` once (on the first instance) and add the multi-tensor kernel that applies
     it to every instance to the current trace; see the module docstring."""
-    parent = tracer.current_trace()
+    parent = traces.current_trace()
     assert parent is not None and not isinstance(parent, MapTrace), "hypermap needs a trace"
     first = instances[0]
     roles = {id(obj): role for role, obj in first.items()}
     mt = MapTrace(parent, roles)
-    with tracer.tracing(mt):
+    with traces.tracing(mt):
         rule()
     body = mt.graph
     body.effects = [body.add_node("store", [mt.by_key[("role", (role,))], value], loc=loc).out
@@ -177,7 +177,7 @@ def hypermap(rule: Callable[[], Any], instances: list[dict[Hashable, Any]]) -> N
     return node
 
 
-def _bind(parent: tracer.Trace, mt: MapTrace, instances: list[dict[Hashable, Any]]
+def _bind(parent: traces.Trace, mt: MapTrace, instances: list[dict[Hashable, Any]]
           ) -> tuple[list[list[Value]], list[list[int]]]:
     """For each body input that is not shared, in order, every instance's operand (a
     column); and each instance's space. Column by column: thousands of instances."""
@@ -211,7 +211,7 @@ def _bind(parent: tracer.Trace, mt: MapTrace, instances: list[dict[Hashable, Any
     return columns, [list(space) for space in spaces]
 
 
-def _operand(parent: tracer.Trace, obj: Any, key: tuple, written: set[int]) -> Value:
+def _operand(parent: traces.Trace, obj: Any, key: tuple, written: set[int]) -> Value:
     """The outer value an instance binds to a role."""
     if isinstance(obj, Parameter):
         if id(obj) in written:

@@ -13,7 +13,7 @@ from typing import Any, Callable
 import numpy as np
 
 from ..errors import OpTypeError
-from .tracer import user_location
+from .traces import user_location
 
 
 def _ops():

@@ -116,7 +116,7 @@ class Parameter(Tensor):
     # Its other functions: outside a trace, numpy's on its current value (np.allclose(p, x));
     # inside one, graphopt's ops on @name (frontend/numpy_api.py).
     def __array_function__(self, func, types, args, kwargs):
-        from .tracer import current_trace
+        from .traces import current_trace
         if current_trace() is not None:
             return super().__array_function__(func, types, args, kwargs)
         return func(*_values(args), **dict(zip(kwargs, _values(kwargs.values()))))

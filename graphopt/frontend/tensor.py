@@ -16,7 +16,7 @@ from ..ir.types import DType, TensorType, to_dtype
 
 if TYPE_CHECKING:
     from ..ir.graph import Value
-    from .tracer import Trace
+    from .traces import Trace
 
 
 class Tensor:
@@ -89,7 +89,7 @@ class Tensor:
 
     def __setitem__(self, key, value):
         from ..errors import OpTypeError
-        from .tracer import user_location
+        from .traces import user_location
         raise OpTypeError("a graphopt tensor is a value and cannot change: use "
                           "graphopt.ops.index_update(x, key, value) for a new tensor with "
                           "x[key] = value, and assign(p, ...) to change a Parameter",
@@ -130,7 +130,7 @@ class TracedTensor(Tensor):
         return self.value.type  # type: ignore[return-value]
 
     def _no_value(self, what: str) -> TracerBoolError:
-        from .tracer import user_location
+        from .traces import user_location
         return TracerBoolError(
             f"{what} needs the value of a traced tensor ({self.type}), which exists only when "
             f"the compiled step runs; use graphopt.ops.where(cond, x, y) to choose between "

@@ -114,7 +114,7 @@ class OpDef:
     # Attributes read off the printed result type instead of printed (shape, dtype).
     type_attrs: tuple[str, ...] = ()
     doc: str = ""
-    # Type promotion (the frontend's weak types, frontend/tracer.py): the inputs whose dtypes
+    # Type promotion (the frontend's weak types, frontend/bind.py): the inputs whose dtypes
     # the type rule requires to agree (None: all of them), and whether the op fixes its
     # result's dtype itself (a comparison's bool, a cast's attribute) instead of taking theirs.
     dtype_group: tuple[int, ...] | None = None

@@ -21,7 +21,7 @@ import numpy as np
 
 from ..errors import OptimizerError
 from ..frontend import Parameter, assign
-from ..frontend.tracer import current_trace
+from ..frontend.traces import current_trace
 from .schedules import Schedule
 
 DATA, FLAG, INIT = "data", "flag", "init"

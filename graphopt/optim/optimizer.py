@@ -43,7 +43,7 @@ from ..errors import CheckpointError, OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.hypermap import MapUnsupported, hypermap
 from ..frontend.tensor import Tensor
-from ..frontend.tracer import current_trace
+from ..frontend.traces import current_trace
 from ..ir.types import DType, TensorType, bf16, bool_, f16, f32, f64, to_dtype
 from .arguments import CheckedArguments
 from .groups import Option, ParamGroup, as_group_dicts, check_parameters, flag
