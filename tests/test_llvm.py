@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 
 import graphopt as go
 from graphopt import envvars, ops
-from graphopt.backends.llvm import sinkpool
+from graphopt.backends.llvm import graphsink
 from graphopt.backends.llvm.lowering import LOWERING
 from graphopt.errors import ExecutionError, GraphoptError, SignatureError
 from graphopt.ir import REGISTRY
@@ -462,7 +462,7 @@ def _reference(sizes, steps):
 
 
 def test_the_sink_pool_serves_steps_after_it_slept_and_from_two_threads(monkeypatch):
-    """The pool's threads poll for the next step, then sleep (sinkpool.py): steps far apart
+    """The pool's threads poll for the next step, then sleep (graphsink.py): steps far apart
     wake them, and steps from two Python threads at once take turns; every result is the
     one-thread, kernel-by-kernel one."""
     monkeypatch.setenv("GRAPHOPT_THREADS", "2")
@@ -471,7 +471,7 @@ def test_the_sink_pool_serves_steps_after_it_slept_and_from_two_threads(monkeypa
     assert fn.lower(grads).program.sink
     for _ in range(3):
         fn(grads)
-        time.sleep(sinkpool.SPIN_SECONDS * 5)  # the pool's threads are asleep by now
+        time.sleep(graphsink.SPIN_SECONDS * 5)  # the pool's threads are asleep by now
     assert all(a.tobytes() == b.tobytes()
                for a, b in zip((p.numpy() for p in ps), _reference(sizes, 3)))
     other = _adam_sink_step(sizes, "v")

@@ -29,7 +29,7 @@ from ...ir.analysis import run_order, view_source
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import evaluate
 from ...ir.types import contiguous_strides
-from . import engine, sinkpool
+from . import engine, graphsink
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
 from .target import Target, selected
@@ -316,7 +316,7 @@ class LLVMProgram:
         # C-contiguous and aligned (others go through numpy, which takes any layout).
         self.native_inputs = {v for k in self.kernels for v in k.node.inputs if v.is_input}
         # The graph sink: when every node is a kernel compiled here, the whole step is one
-        # native call per thread (see engine.SINK_IR), on the threads of sinkpool.py (a
+        # native call per thread (see graphsink.SINK_IR), on the threads of its pool (a
         # one-kernel step too: those threads start sooner than the executor's).
         self.sink = bool(self.kernels) and all(id(n) in self.native for n in self.nodes)
         # What can fail runs before the first in-place store where the graph allows it; a
@@ -327,7 +327,7 @@ class LLVMProgram:
         self.backed_up = [v for n in self.nodes[:max(may_fail, default=0)]
                           if id(n) in self.native for v in kernel_ir.written(n)]
         self.needs_backup = bool(self.backed_up)
-        self._sink = engine.sink(cache) if self.sink else None
+        self._sink = graphsink.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
         # Views of stored parameters can only come from nodes numpy runs.
@@ -397,14 +397,14 @@ class LLVMProgram:
 
     def sink_call(self) -> None:
         """The sink over the kernel table as last prepared: on this thread, and on the
-        pool's threads (sinkpool.py) when the table is split."""
+        pool's threads (graphsink.py) when the table is split."""
         table, used = self._sink_table()
         self._barrier[0] = 0
         if used == 1:
             self._sink.run(table.shape[0], table.ctypes.data, 0, 1, table.shape[1],
                            self._barrier.ctypes.data)
         else:
-            sinkpool.pool(self._sink).run(table, used, self._barrier)
+            graphsink.pool(self._sink).run(table, used, self._barrier)
 
     def _sink_table(self) -> tuple[np.ndarray, int]:
         """One row per kernel: function, pointer table, partials, then each thread's range of

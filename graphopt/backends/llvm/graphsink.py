@@ -1,0 +1,257 @@
+"""The graph sink: a whole step of kernels in one native call per thread, and the threads that
+run it with the caller.
+
+The threads that run a graph-sink step with the caller.
+
+A step split over threads is as quick as its slowest share, and a thread woken from sleep
+starts late: a futex wake-up, then the GIL hand-off, cost 0.1-0.2 ms on this machine, a third
+of a 1M-element Adam step. So the pool's threads wait for work in native code: after each
+step they poll a mailbox (SINK_IR's worker loop) for SPIN_SECONDS before they sleep in
+Python, and back-to-back steps find them awake. The caller publishes a step (its kernel table
+and thread count) by bumping the mailbox's generation, runs share 0 itself, and waits, in
+native code too, until the other shares count themselves done.
+"""
+from __future__ import annotations
+
+import ctypes
+import functools
+import os
+import threading
+import time
+from dataclasses import dataclass
+
+import numpy as np
+
+from .engine import runtime_functions
+from .target import baseline
+
+SinkFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                          ctypes.c_int64, ctypes.c_void_p)
+SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME = (
+    "graphopt_sink_v1", "graphopt_worker_v1", "graphopt_publish_v1", "graphopt_wait_v1")
+
+# void sink(i64 count, i64* entries, i64 thread, i64 threads, i64 stride, i64* barrier)
+#
+# Runs `count` kernels in order. Entry k (a row of `stride` i64) holds the kernel's function
+# address, its pointer table, its partials, then a (lo, hi) range of units per thread. Each
+# thread runs its range of kernel k, then waits at the barrier (a counter every thread
+# increments) until all threads are done with k: MindSpore's "graph sink", one native call per
+# thread for the step instead of one per kernel. Written as text: an indirect call through an
+# opaque pointer is one line here, and llvmlite's builder has no way to say it.
+SINK_IR = """
+define void @graphopt_sink_v1(i64 %count, ptr %entries, i64 %thread, i64 %threads,
+                              i64 %stride, ptr %barrier) {
+entry:
+  %lo.at = mul i64 %thread, 2
+  %lo.off = add i64 %lo.at, 3
+  %hi.off = add i64 %lo.at, 4
+  br label %head
+head:
+  %k = phi i64 [ 0, %entry ], [ %k1, %next ]
+  %more = icmp slt i64 %k, %count
+  br i1 %more, label %body, label %done
+body:
+  %row = mul i64 %k, %stride
+  %lo.i = add i64 %row, %lo.off
+  %lo.p = getelementptr i64, ptr %entries, i64 %lo.i
+  %lo = load i64, ptr %lo.p
+  %hi.i = add i64 %row, %hi.off
+  %hi.p = getelementptr i64, ptr %entries, i64 %hi.i
+  %hi = load i64, ptr %hi.p
+  %work = icmp slt i64 %lo, %hi
+  br i1 %work, label %call, label %wait
+call:
+  %fn.p = getelementptr i64, ptr %entries, i64 %row
+  %fn.a = load i64, ptr %fn.p
+  %fn = inttoptr i64 %fn.a to ptr
+  %args.i = add i64 %row, 1
+  %args.p = getelementptr i64, ptr %entries, i64 %args.i
+  %args.a = load i64, ptr %args.p
+  %args = inttoptr i64 %args.a to ptr
+  %part.i = add i64 %row, 2
+  %part.p = getelementptr i64, ptr %entries, i64 %part.i
+  %part.a = load i64, ptr %part.p
+  %part = inttoptr i64 %part.a to ptr
+  call void %fn(i64 %lo, i64 %hi, ptr %args, ptr %part)
+  br label %wait
+wait:
+  %k1 = add i64 %k, 1
+  %last = icmp sge i64 %k1, %count
+  %alone = icmp sle i64 %threads, 1
+  %skip = or i1 %last, %alone
+  br i1 %skip, label %next, label %arrive
+arrive:
+  %old = atomicrmw add ptr %barrier, i64 1 seq_cst
+  %goal = mul i64 %k1, %threads
+  call void @graphopt_wait_v1(ptr %barrier, i64 %goal)
+  br label %next
+next:
+  br label %head
+done:
+  ret void
+}
+
+; i64 worker(ptr mailbox, i64 thread, i64 seen, i64 spins): a pool thread's loop. It runs
+; each step published in the mailbox (i64s: generation, count, entries, threads, stride,
+; barrier, done) as `thread`, counting it done, until `spins` polls in a row find no new
+; generation; it returns the last generation it saw, and the thread sleeps in Python.
+define i64 @graphopt_worker_v1(ptr %mb, i64 %thread, i64 %seen0, i64 %spins) {
+entry:
+  %count.p = getelementptr i64, ptr %mb, i64 1
+  %entries.p = getelementptr i64, ptr %mb, i64 2
+  %threads.p = getelementptr i64, ptr %mb, i64 3
+  %stride.p = getelementptr i64, ptr %mb, i64 4
+  %barrier.p = getelementptr i64, ptr %mb, i64 5
+  %done.p = getelementptr i64, ptr %mb, i64 6
+  br label %idle
+idle:
+  %seen = phi i64 [ %seen0, %entry ], [ %gen, %work ], [ %gen, %run ]
+  br label %poll
+poll:
+  %i = phi i64 [ 0, %idle ], [ %i1, %again ]
+  %gen = load atomic i64, ptr %mb acquire, align 8
+  %new = icmp ne i64 %gen, %seen
+  br i1 %new, label %work, label %again
+again:
+  {pause}
+  %i1 = add i64 %i, 1
+  %more = icmp slt i64 %i1, %spins
+  br i1 %more, label %poll, label %out
+out:
+  ret i64 %seen
+work:
+  %threads = load i64, ptr %threads.p
+  %mine = icmp slt i64 %thread, %threads
+  br i1 %mine, label %run, label %idle
+run:
+  %count = load i64, ptr %count.p
+  %entries.a = load i64, ptr %entries.p
+  %entries = inttoptr i64 %entries.a to ptr
+  %stride = load i64, ptr %stride.p
+  %barrier.a = load i64, ptr %barrier.p
+  %barrier = inttoptr i64 %barrier.a to ptr
+  call void @graphopt_sink_v1(i64 %count, ptr %entries, i64 %thread, i64 %threads,
+                              i64 %stride, ptr %barrier)
+  %old = atomicrmw add ptr %done.p, i64 1 release
+  br label %idle
+}
+
+; void publish(ptr mailbox): the next generation, after every store this thread made before
+; (release): a pool thread that sees it sees the step's table and counters too.
+define void @graphopt_publish_v1(ptr %mb) {
+  %old = atomicrmw add ptr %mb, i64 1 release
+  ret void
+}
+
+; void wait(ptr counter, i64 goal): returns once *counter >= goal.
+define void @graphopt_wait_v1(ptr %c, i64 %goal) {
+entry:
+  br label %poll
+poll:
+  %v = load atomic i64, ptr %c acquire, align 8
+  %ok = icmp sge i64 %v, %goal
+  br i1 %ok, label %done, label %again
+again:
+  {pause}
+  br label %poll
+done:
+  ret void
+}
+"""
+
+
+WorkerFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
+                            ctypes.c_int64)
+WaitFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
+PublishFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+
+
+@dataclass(frozen=True)
+class Sink:
+    """The sink's functions: `run` a step's share as one thread, a pool thread's `worker`
+    loop, `publish` a step to the pool, `wait` for a counter (see SINK_IR)."""
+
+    run: SinkFn
+    worker: WorkerFn
+    publish: PublishFn
+    wait: WaitFn
+
+
+def _sink_ir() -> str:
+    # A spinning thread tells an x86 core so (`pause`: less power, and the core's other
+    # hardware thread runs on); other targets spin without it.
+    x86 = baseline().is_x86
+    return SINK_IR.replace("{pause}", 'call void asm sideeffect "pause", ""()' if x86 else "")
+
+
+@functools.cache
+def sink(use_cache: bool = True) -> Sink:
+    """The sink's functions, loaded once per process; its object code is cached on disk like a
+    kernel's (compiling it costs ~10 ms, a tenth of a warm start)."""
+    run, worker, publish, wait = runtime_functions(
+        _sink_ir(), (SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME), use_cache)
+    return Sink(SinkFn(run), WorkerFn(worker), PublishFn(publish), WaitFn(wait))
+
+
+# -- the pool -----------------------------------------------------------------------------------
+SPIN_SECONDS = 300e-6  # how long a pool thread polls for the next step before it sleeps
+_MAILBOX = ("generation", "count", "entries", "threads", "stride", "barrier", "done")
+
+
+class SinkPool:
+    def __init__(self, sink: Sink, workers: int):
+        self.sink = sink
+        self.mailbox = np.zeros(len(_MAILBOX), np.int64)
+        self._address = self.mailbox.ctypes.data
+        self._done = self._address + 8 * _MAILBOX.index("done")
+        self._wake = threading.Condition()
+        self._step = threading.Lock()  # the mailbox holds one step at a time
+        self.spins = self._calibrate()
+        self.workers = workers
+        for t in range(1, workers + 1):
+            threading.Thread(target=self._serve, args=(t,), daemon=True,
+                             name=f"graphopt-sink-{t}").start()
+
+    def _calibrate(self) -> int:
+        """Polls per SPIN_SECONDS on this machine (a poll is a load and a `pause`, whose
+        length differs from CPU to CPU by 10x): one timed poll loop that finds no step."""
+        n = 4096
+        start = time.perf_counter()
+        self.sink.worker(self._address, 0, int(self.mailbox[0]), n)
+        return max(64, int(n * SPIN_SECONDS / max(time.perf_counter() - start, 1e-9)))
+
+    def _serve(self, thread: int) -> None:
+        seen = 0
+        while True:
+            seen = self.sink.worker(self._address, thread, seen, self.spins)
+            with self._wake:
+                while int(self.mailbox[0]) == seen:
+                    self._wake.wait()
+
+    def run(self, table: np.ndarray, threads: int, barrier: np.ndarray) -> None:
+        """One step: the table's kernels on `threads` threads, this one included."""
+        assert threads <= self.workers + 1, "a step on more threads than the pool could never end"
+        count, stride = table.shape
+        with self._step:
+            self.mailbox[1:] = (count, table.ctypes.data, threads, stride,
+                                barrier.ctypes.data, 0)
+            with self._wake:
+                self.sink.publish(self._address)
+                self._wake.notify_all()
+            self.sink.run(count, table.ctypes.data, 0, threads, stride, barrier.ctypes.data)
+            self.sink.wait(self._done, threads - 1)
+
+
+_pool: SinkPool | None = None
+_pid = 0
+_made = threading.Lock()
+
+
+def pool(sink: Sink) -> SinkPool:
+    """The process's pool: one thread per core beyond the caller's (made again in a forked
+    child, which has none of its parent's threads)."""
+    global _pool, _pid
+    with _made:
+        if _pool is None or _pid != os.getpid():
+            _pool, _pid = SinkPool(sink, max(0, (os.cpu_count() or 1) - 1)), os.getpid()
+        return _pool
