@@ -248,7 +248,6 @@ def _positional(fn: Callable, args: tuple, kwargs: dict) -> tuple[list, dict]:
 
 
 def _transform(trace: Trace, req: _Request, args: tuple, kwargs: dict) -> Any:
-    from .. import ops
     name = getattr(req.fn, "__name__", "fn")
     if id(trace) in _DIFFERENTIATING:
         raise GradientError("value_and_grad inside a function that is being differentiated: "
@@ -258,16 +257,33 @@ def _transform(trace: Trace, req: _Request, args: tuple, kwargs: dict) -> Any:
         if i >= len(pos):
             raise GradientError(f"argnums asks for argument {i} of {name}(), which got "
                                 f"{len(pos)} positional argument(s)", loc=user_location())
-    # 1. variables: a fresh name per argument leaf; a Parameter's current value.
-    arg_vars: list[tuple[list[Tensor], pytree.TreeDef]] = []
-    for i in req.argnums:
+    arg_vars = _variables(pos, req.argnums)
+    param_values = [trace.read_param(p) for p in req.params]
+    start = len(trace.graph.nodes)
+    out, aux = _forward(trace, req, pos, kw, param_values, name)
+    loss = _loss_value(trace, out, name)
+    grads_out = _backward(trace, req, start, loss, arg_vars, param_values)
+    value = TracedTensor(loss, trace)
+    return ((value, aux) if req.has_aux else value), grads_out
+
+
+def _variables(pos: list, argnums: Sequence[int]) -> list[tuple[list[Tensor], pytree.TreeDef]]:
+    """Step 1: a fresh name (a depend) for every leaf of each differentiated argument, put in
+    its place in `pos`; the leaves and structure of each."""
+    from .. import ops
+    arg_vars = []
+    for i in argnums:
         leaves, _, tree = pytree.flatten(pos[i])
         aliases = [ops.depend(leaf) for leaf in leaves]
         pos[i] = pytree.unflatten(tree, aliases)
         arg_vars.append((aliases, tree))
-    param_values = [trace.read_param(p) for p in req.params]
-    # 2. forward: fn's nodes are the ones appended from `start` on.
-    start = len(trace.graph.nodes)
+    return arg_vars
+
+
+def _forward(trace: Trace, req: _Request, pos: list, kw: dict, param_values: list[Value],
+             name: str) -> tuple[Any, Any]:
+    """Step 2: fn runs in the trace (its nodes are the ones appended from here on); it may not
+    assign a Parameter it is differentiated with respect to. Its output and aux."""
     _DIFFERENTIATING.add(id(trace))
     try:
         result = req.fn(*pos, **kw)
@@ -278,9 +294,14 @@ def _transform(trace: Trace, req: _Request, args: tuple, kwargs: dict) -> Any:
             raise GradientError(f"{name}() assigns Parameter '{p.name}', which it is "
                                 f"differentiated with respect to; assign it after "
                                 f"value_and_grad returns", loc=user_location())
-    out, aux = _split_aux(result, req.has_aux, name)
-    loss = _loss_value(trace, out, name)
-    # 3. backward.
+    return _split_aux(result, req.has_aux, name)
+
+
+def _backward(trace: Trace, req: _Request, start: int, loss: Value,
+              arg_vars: list[tuple[list[Tensor], pytree.TreeDef]],
+              param_values: list[Value]) -> Any:
+    """Step 3: the backward pass, and the gradients in the structure value_and_grad returns:
+    by argument, by Parameter (`wrt`), or both."""
     variables = [t.value for leaves, _ in arg_vars for t in leaves] + param_values
     grads = iter(backprop(trace, start, loss, variables))
     arg_grads = [pytree.unflatten(tree, [next(grads) for _ in leaves]) for leaves, tree in arg_vars]
@@ -288,13 +309,8 @@ def _transform(trace: Trace, req: _Request, args: tuple, kwargs: dict) -> Any:
     by_arg = arg_grads[0] if req.one_argnum else tuple(arg_grads)
     by_param = pytree.unflatten(req.wrt_tree, param_grads) if req.wrt_tree else None
     if req.wrt_tree is None:
-        grads_out = by_arg
-    elif req.argnums:
-        grads_out = (by_arg, by_param)
-    else:
-        grads_out = by_param
-    value = TracedTensor(loss, trace)
-    return ((value, aux) if req.has_aux else value), grads_out
+        return by_arg
+    return (by_arg, by_param) if req.argnums else by_param
 
 
 def _split_aux(result: Any, has_aux: bool, name: str) -> tuple[Any, Any]:
