@@ -28,7 +28,7 @@ if TYPE_CHECKING:
     import graphviz
     import networkx as nx
 
-    from .graph import Graph, Value
+    from .graph import Graph, Node, Value
 
 # Pastel fills that keep black text readable; indexed by crc32(op) so colours are stable.
 # No reds: red is kept for effects (assign, "writes", the return's effect edges).
@@ -65,41 +65,57 @@ def to_dot(graph: Graph) -> graphviz.Digraph:
 def _draw_region(dot: graphviz.Digraph, graph: Graph, prefix: str, top: bool) -> None:
     """Draw inputs, nodes and return of `graph` into `dot`; ids start with `prefix` so that
     nested regions (kernel bodies) never clash with the graph around them."""
-    name = Namer()  # each region has its own names, as it would when printed alone
-    ids: dict[Value, str] = {}  # value -> id of the graphviz node that defines it
+    region = _Region(dot, prefix)
+    for k, v in enumerate(graph.inputs):
+        region.input(k, v)
+    for k, node in enumerate(graph.nodes):
+        region.node(f"{prefix}n{k}", node)
+    region.ret(graph, top)
 
-    def source(v: Value) -> str:
-        if v not in ids:  # used but never defined: a broken graph; show it instead of failing
-            ids[v] = f"{prefix}undef{len(ids)}"
-            dot.node(ids[v], f"{name(v)} (undefined)", color="red", fontcolor="red")
-        return ids[v]
 
-    def edge(v: Value, dst: str, dashed: bool = False, **attrs: str) -> None:
+class _Region:
+    """One region being drawn: its names (as when printed alone) and the graphviz node that
+    defines each value."""
+
+    def __init__(self, dot: graphviz.Digraph, prefix: str):
+        self.dot, self.prefix = dot, prefix
+        self.name = Namer()
+        self.ids: dict[Value, str] = {}
+
+    def source(self, v: Value) -> str:
+        if v not in self.ids:  # used but never defined: a broken graph; show it, do not fail
+            self.ids[v] = f"{self.prefix}undef{len(self.ids)}"
+            self.dot.node(self.ids[v], f"{self.name(v)} (undefined)", color="red",
+                          fontcolor="red")
+        return self.ids[v]
+
+    def edge(self, v: Value, dst: str, dashed: bool = False, **attrs: str) -> None:
         label = str(v.type)
         if not dashed and len(label) <= MAX_EDGE_LABEL:
             attrs.setdefault("label", label)
         if dashed:
             attrs.update(style="dashed", color=attrs.get("color", "gray40"))
-        dot.edge(source(v), dst, **attrs)
+        self.dot.edge(self.source(v), dst, **attrs)
 
-    for k, v in enumerate(graph.inputs):
-        ids[v] = f"{prefix}in{k}"
-        label = f"{name.define(v)}{NL}{v.type}"
+    def input(self, k: int, v: Value) -> None:
+        self.ids[v] = f"{self.prefix}in{k}"
+        label = f"{self.name.define(v)}{NL}{v.type}"
         if v.is_param:
-            dot.node(ids[v], label, shape="cylinder", style="filled", fillcolor="#fff2a8")
+            self.dot.node(self.ids[v], label, shape="cylinder", style="filled",
+                          fillcolor="#fff2a8")
         else:
-            dot.node(ids[v], label, shape="ellipse")
+            self.dot.node(self.ids[v], label, shape="ellipse")
 
-    for k, node in enumerate(graph.nodes):
-        nid = f"{prefix}n{k}"
-        results = ", ".join(name.define(v) for v in node.outputs)
-        types = ", ".join(str(v.type) for v in node.outputs)
+    def node(self, nid: str, node: Node) -> None:
+        """The node's box (a kernel's: a cluster holding its body), then its edges."""
+        results = ", ".join(self.name.define(v) for v in node.outputs)
         tooltip = node.loc.full() if node.loc is not None else node.op
         if node.op == "assign" and node.inputs:
-            label = f"{results} = assign {name(node.inputs[0])}"
-            dot.node(nid, _cut(label), shape="box", style="bold", color="red", fontcolor="red",
-                     penwidth="2", tooltip=tooltip)
+            label = f"{results} = assign {self.name(node.inputs[0])}"
+            self.dot.node(nid, _cut(label), shape="box", style="bold", color="red",
+                          fontcolor="red", penwidth="2", tooltip=tooltip)
         else:
+            types = ", ".join(str(v.type) for v in node.outputs)
             label = _cut(f"{results} = {node.op}" if results else node.op)
             extra = format_attrs(node)
             label += (NL + _cut(extra) if extra else "") + NL + _cut(types)
@@ -107,40 +123,45 @@ def _draw_region(dot: graphviz.Digraph, graph: Graph, prefix: str, top: bool) ->
                          tooltip=tooltip)
             if node.body is not None:
                 # The node's own box sits at the top of a cluster that holds its body.
-                with dot.subgraph(name=f"cluster_{nid}") as sub:
+                with self.dot.subgraph(name=f"cluster_{nid}") as sub:
                     sub.attr(label=f"{node.op} {results}", style="rounded,dashed")
                     sub.node(nid, label, **style)
                     _draw_region(sub, node.body, prefix=f"{nid}_", top=False)
                     for b in range(len(node.body.inputs)):  # keep the node's box on top
                         sub.edge(nid, f"{nid}_in{b}", style="invis")
             else:
-                dot.node(nid, label, **style)
+                self.dot.node(nid, label, **style)
         for v in node.outputs:
-            ids[v] = nid
+            self.ids[v] = nid
+        self.uses(nid, node)
+
+    def uses(self, nid: str, node: Node) -> None:
+        """Edges from its operands (numbered where order matters: subtract @w, %1), its after
+        edges, and to the parameters it writes."""
         for i, v in enumerate(node.inputs):
-            # Number the operands where order matters to the reader (subtract @w, %1).
-            edge(v, nid, **({"headlabel": str(i)} if len(node.inputs) > 1 else {}))
+            self.edge(v, nid, **({"headlabel": str(i)} if len(node.inputs) > 1 else {}))
         for v in node.after:
-            edge(v, nid, dashed=True, arrowhead="onormal")
+            self.edge(v, nid, dashed=True, arrowhead="onormal")
         targets = [node.inputs[0]] if node.op == "assign" and node.inputs else \
             (written(node) if node.body is not None else [])
         for target in targets:
             if target.is_param:
                 # constraint=false: the update points back up without pulling the layout.
-                dot.edge(nid, source(target), label="writes", style="dashed", color="red",
-                         fontcolor="red", constraint="false")
+                self.dot.edge(nid, self.source(target), label="writes", style="dashed",
+                              color="red", fontcolor="red", constraint="false")
 
-    ret = f"{prefix}return"
-    if top:  # pin the return to the bottom (rank=sink is only honoured at the top level)
-        with dot.subgraph() as bottom:
-            bottom.attr(rank="sink")
-            bottom.node(ret, "return", shape="doubleoctagon")
-    else:
-        dot.node(ret, "return", shape="octagon")
-    for v in graph.outputs:
-        edge(v, ret)
-    for v in graph.effects:
-        edge(v, ret, dashed=True, color="red")
+    def ret(self, graph: Graph, top: bool) -> None:
+        ret = f"{self.prefix}return"
+        if top:  # pin the return to the bottom (rank=sink is only honoured at the top level)
+            with self.dot.subgraph() as bottom:
+                bottom.attr(rank="sink")
+                bottom.node(ret, "return", shape="doubleoctagon")
+        else:
+            self.dot.node(ret, "return", shape="octagon")
+        for v in graph.outputs:
+            self.edge(v, ret)
+        for v in graph.effects:
+            self.edge(v, ret, dashed=True, color="red")
 
 
 # -- networkx ---------------------------------------------------------------------------------
