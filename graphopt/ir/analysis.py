@@ -5,6 +5,7 @@ import heapq
 from typing import Iterable
 
 from .graph import Graph, Node, Value
+from .registry import CONTROL, REGISTRY
 from .types import contiguous_strides
 
 
@@ -16,8 +17,8 @@ def producers(graph: Graph) -> dict[Value, Node]:
 def live_nodes(graph: Graph) -> set[int]:
     """ids of the nodes a run of the graph executes: what the return reaches through data
     edges, and through `after` edges to nodes with effects and to `depend`s (a pure node that
-    is only an ordering target does nothing observable). DESIGN's rule: an effect is live
-    only if the return reaches it. dce removes the other nodes; the backends skip them."""
+    is only an ordering target does nothing observable). An effect is live
+    only if the return reaches it (docs/ir.md). dce removes the other nodes; the backends skip them."""
     producer = producers(graph)
     live: set[int] = set()
     stack = [producer[v] for v in graph.returned() if v in producer]
@@ -28,7 +29,7 @@ def live_nodes(graph: Graph) -> set[int]:
         live.add(id(n))
         stack += [producer[v] for v in n.inputs if v in producer]
         stack += [producer[v] for v in n.after
-                  if v in producer and (has_effect(producer[v]) or producer[v].op == "depend")]
+                  if v in producer and (has_effect(producer[v]) or _orders(producer[v]))]
     return live
 
 
@@ -100,9 +101,18 @@ def in_order(graph: Graph) -> bool:
     return True
 
 
+def _orders(node: Node) -> bool:
+    """A control node (depend): an after edge to it orders through it."""
+    op = REGISTRY.get(node.op)
+    return op is not None and op.category == CONTROL
+
+
 def has_effect(node: Node) -> bool:
-    """Whether a node changes state: an assign, a store, or a kernel that stores."""
-    return node.op in ("assign", "store") or (node.body is not None and bool(node.body.effects))
+    """Whether a node changes state: an effect op (assign, store), or a kernel that stores."""
+    if node.body is not None:
+        return bool(node.body.effects)
+    op = REGISTRY.get(node.op)  # (a broken graph may name an unknown op: the verifier says so)
+    return op is not None and op.has_effect
 
 
 def view_source(v: Value) -> tuple[Value, int, tuple[int, ...]]:

@@ -39,12 +39,14 @@ import numpy as np
 
 from ..errors import ExecutionError, OpTypeError
 from .graph import Graph, Node, Value
-from .registry import (EFFECT, INTS_ATTR, KERNEL, SHAPES_ATTR, STRINGS_ATTR, OpDef, get_op,
-                       register)
+from . import opdefs  # noqa: F401  (the reductions a kernel output may be)
+from .registry import (EFFECT, INTS_ATTR, KERNEL, REDUCTION, REGISTRY, SHAPES_ATTR,
+                       STRINGS_ATTR, OpDef, get_op, register)
 from .types import TensorType, Type, token
 
-REDUCTIONS = {"sum": np.sum, "max": np.max, "mean": np.mean}
-OUTPUT_KINDS = ("map",) + tuple(REDUCTIONS)
+# A body output is mapped, or reduced by one of the reduction ops (a registry category).
+REDUCTIONS = tuple(name for name, op in REGISTRY.items() if op.category == REDUCTION)
+OUTPUT_KINDS = ("map",) + REDUCTIONS
 
 
 def _store_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:

@@ -61,19 +61,19 @@ def _one_dtype(op: str, types: Sequence[TensorType], kinds: tuple[str, ...]) -> 
 
 
 def _elementwise(name: str, n: int, impl: Callable[..., Any], kinds: tuple[str, ...],
-                 result: DType | None = None, doc: str = "") -> OpDef:
+                 result: DType | None = None, doc: str = "", commutative: bool = False) -> OpDef:
     def infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
         ts = _tensors(name, types, n)
         d = _one_dtype(name, ts, kinds)
         return [TensorType(_broadcast(name, ts), result or d)]
-    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc,
+    return register(OpDef(name, ELEMENTWISE, infer, impl, doc=doc, commutative=commutative,
                           fixed_dtype=result is not None))
 
 
 # -- elementwise --------------------------------------------------------------------------------
-_elementwise("add", 2, np.add, NUM)
+_elementwise("add", 2, np.add, NUM, commutative=True)
 _elementwise("subtract", 2, np.subtract, NUM)
-_elementwise("multiply", 2, np.multiply, NUM)
+_elementwise("multiply", 2, np.multiply, NUM, commutative=True)
 _elementwise("divide", 2, np.divide, FLOAT)
 _elementwise("power", 2, np.power, NUM)
 # maximum and minimum: x where it wins or is NaN, else y. NaN-propagating like numpy's, and of
@@ -103,10 +103,10 @@ _elementwise("less", 2, np.less, NUM, result=bool_)
 _elementwise("less_equal", 2, np.less_equal, NUM, result=bool_)
 _elementwise("greater", 2, np.greater, NUM, result=bool_)
 _elementwise("greater_equal", 2, np.greater_equal, NUM, result=bool_)
-_elementwise("equal", 2, np.equal, ANY, result=bool_)
-_elementwise("not_equal", 2, np.not_equal, ANY, result=bool_)
-_elementwise("logical_and", 2, np.logical_and, BOOL)
-_elementwise("logical_or", 2, np.logical_or, BOOL)
+_elementwise("equal", 2, np.equal, ANY, result=bool_, commutative=True)
+_elementwise("not_equal", 2, np.not_equal, ANY, result=bool_, commutative=True)
+_elementwise("logical_and", 2, np.logical_and, BOOL, commutative=True)
+_elementwise("logical_or", 2, np.logical_or, BOOL, commutative=True)
 _elementwise("logical_not", 1, np.logical_not, BOOL)
 
 
@@ -413,9 +413,10 @@ def _depend_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     return list(_tensors("depend", types, 1))
 
 
-register(OpDef("assign", EFFECT, _assign_infer,
+# Neither allocates: an assign only records its value, a depend passes one through.
+register(OpDef("assign", EFFECT, _assign_infer, may_raise=False,
                doc="assign @p, v: at the end of the step @p holds v; yields a token"))
-register(OpDef("depend", CONTROL, _depend_infer, lambda x: x,
+register(OpDef("depend", CONTROL, _depend_infer, lambda x: x, may_raise=False,
                doc="depend x after(t...): x, ordered after the values and tokens t",
                view=_identity_view))
 

@@ -122,6 +122,14 @@ class OpDef:
     # A view (reshape, transpose, slice, ...): its result is its first input's elements, read
     # in a new layout; a backend may read them where they lie instead of making the result.
     view: ViewRule | None = None
+    # Traits passes and backends read (MLIR's Commutative; "can fail at run time"):
+    commutative: bool = False  # op(x, y) == op(y, x): cse merges either order
+    may_raise: bool = True  # running it may raise (anything that allocates: a MemoryError)
+
+    @property
+    def has_effect(self) -> bool:
+        """Whether the op changes state (assign, store): never removed, merged or moved."""
+        return self.category == EFFECT
 
 
 REGISTRY: dict[str, OpDef] = {}

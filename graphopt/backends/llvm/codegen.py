@@ -26,7 +26,7 @@ from llvmlite import ir
 
 from ...errors import LoweringError
 from ...ir.graph import Node, Value
-from ...ir.kernel import REDUCTIONS, layout, stores
+from ...ir.kernel import layout, stores
 from ...ir.types import TensorType
 from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, Emitter, compute_type, storage_type
@@ -335,4 +335,4 @@ def generate(node: Node, fastmath: bool = False, strided: Strided = {}
     return _Builder(node, abi, fastmath).build(), abi
 
 
-__all__ = ["generate", "plan", "KernelABI", "Instance", "BLOCK_ELEMENTS", "REDUCTIONS"]
+__all__ = ["generate", "plan", "KernelABI", "Instance", "BLOCK_ELEMENTS"]
