@@ -406,6 +406,29 @@ def test_runtime_error_on_a_cached_step(rng):
     assert snapshot(w, k, nan) == before
 
 
+@pytest.mark.parametrize("backend", ["interpreter", "llvm"])
+def test_runtime_error_in_a_fused_op_names_it(rng, backend):
+    """A kernel that numpy runs (llvm: an integer power has no lowering) names the fused op
+    that failed and its line, not the kernel."""
+    w, k, nan = _state(rng)
+
+    @go.jit(backend=backend, cache=False)
+    def step(e):
+        go.assign(w, w * 2)
+        go.assign(k, k ** e + 1)  # bad:fused
+
+    before = snapshot(w, k, nan)
+    with pytest.raises(ExecutionError) as info:
+        step(np.array([1, -1, 2]))
+    err = info.value
+    assert "power (fused in a kernel) failed while the step ran" in str(err)
+    assert str(err).endswith("; no parameter was changed")
+    assert_points_here(err, "bad:fused")
+    assert snapshot(w, k, nan) == before
+    assert any(n.op == "kernel" and any(b.op == "power" for b in n.body.nodes)
+               for n in step.lower(np.array([1, 1, 1])).graph.nodes)
+
+
 def test_python_exception_after_an_assign_changes_nothing(rng):
     w, k, nan = _state(rng)
 

@@ -33,15 +33,15 @@ import itertools
 import math
 import operator
 from dataclasses import dataclass, field
-from typing import Any, Iterator, Sequence
+from typing import Any, Callable, Iterator, Sequence
 
 import numpy as np
 
-from ..errors import ExecutionError, OpTypeError
+from ..errors import OpTypeError
 from .graph import Graph, Node, Value
 from . import opdefs  # noqa: F401  (the reductions a kernel output may be)
 from .registry import (EFFECT, INTS_ATTR, KERNEL, REDUCTION, REGISTRY, SHAPES_ATTR,
-                       STRINGS_ATTR, OpDef, get_op, register)
+                       STRINGS_ATTR, OpDef, evaluate_element, get_op, register)
 from .types import TensorType, Type, token
 
 # A body output is mapped, or reduced by one of the reduction ops (a registry category).
@@ -218,13 +218,14 @@ def _broadcasts(shape: tuple[int, ...], space: tuple[int, ...]) -> bool:
         return False
 
 
-def run(node: Node, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray],
-                                                           list[tuple[Value, np.ndarray]]]:
+def run(node: Node, arrays: Sequence[np.ndarray],
+        body_node: Callable[[Node, list[Any]], np.ndarray]
+        ) -> tuple[list[np.ndarray], list[tuple[Value, np.ndarray]]]:
     """The kernel's numpy semantics: its outputs and its stores (outer value, new array).
 
     The body runs on whole arrays at once, each op with the same numpy function as the
-    unfused node, so a kernel gives the unfused graph's results bit for bit."""
-    from .registry import evaluate_element
+    unfused node, so a kernel gives the unfused graph's results bit for bit. `body_node`
+    runs one body node: `evaluate_body_node`, as the caller reports numpy's errors."""
     body = node.body
     lay = layout(node)
     outputs: list[np.ndarray] = []
@@ -239,12 +240,7 @@ def run(node: Node, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray],
                 target = node.inputs[lay.operand_index(i, body.inputs.index(n.inputs[0]))]
                 writes.append((target, np.broadcast_to(env[n.inputs[1]], space)))
                 continue
-            try:
-                env[n.outputs[0]] = evaluate_element(n.opdef, [env[v] for v in n.inputs],
-                                                     n.attrs, n.outputs[0].type)
-            except Exception as e:  # numpy's own error: name the fused node, not the kernel
-                raise ExecutionError(f"{n.op} (fused in a kernel) failed while the step ran: "
-                                     f"{e}; no parameter was changed", loc=n.loc) from None
+            env[n.outputs[0]] = body_node(n, [env[v] for v in n.inputs])
         for kind, r in zip(node.attrs["outputs"], body.outputs):
             full = np.broadcast_to(env[r], space)
             # The unfused reduction node's own semantics: the same summation order, and 16-bit
@@ -253,6 +249,11 @@ def run(node: Node, arrays: Sequence[np.ndarray]) -> tuple[list[np.ndarray],
                 full, axes=tuple(range(len(space))), keepdims=False)
             outputs.append(np.array(result, dtype=r.dtype.np_dtype))
     return outputs, writes
+
+
+def evaluate_body_node(n: Node, arrays: list[Any]) -> np.ndarray:
+    """A body node on whole arrays: the numpy function of the unfused op, its declared dtype."""
+    return evaluate_element(n.opdef, arrays, n.attrs, n.outputs[0].type)
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,10 @@
 """The LLVM runtime: runs a graph with compiled kernels, updating parameters in place.
 
-Each kernel node was compiled to native code at build time (or loaded from the disk cache);
-every other node (matmul, shape ops, a kernel whose op has no lowering) runs through numpy as
-in the interpreter. A kernel's stores write the parameter buffers directly: no new tensor, no
-copy (the point of in-place updates). So that this stays invisible to the step:
+Each kernel node was compiled to native code at build time (or loaded from the disk cache).
+The nodes run in the loop the interpreter runs them in (backends/base.py): it calls the native
+kernels, and runs every other node (matmul, shape ops, a kernel whose op has no lowering)
+through numpy. A kernel's stores write the parameter buffers directly: no new tensor, no copy
+(the point of in-place updates). So that this stays invisible to the step:
   - a numpy result that views a parameter stored in place later (a reshape, a depend) is
     copied when made, so it keeps the value it was made from;
   - if anything that could fail runs after a kernel has stored, the stored parameters are
@@ -23,12 +24,12 @@ from dataclasses import dataclass, field
 import numpy as np
 
 from ... import diskcache, envvars, memory
-from ...errors import ExecutionError, GraphoptError, LoweringError
+from ...errors import ExecutionError, LoweringError
 from ...ir import kernel as kernel_ir
 from ...ir.analysis import run_order, view_source
 from ...ir.graph import Graph, Node, Value
-from ...ir.registry import evaluate
 from ...ir.types import contiguous_strides
+from ..base import run_nodes
 from . import engine, graphsink
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
@@ -52,12 +53,6 @@ def _workers() -> ThreadPoolExecutor:
                                    thread_name_prefix="graphopt")
         _pool_pid = os.getpid()
     return _pool
-
-
-def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
 
 
 @dataclass
@@ -192,6 +187,12 @@ class NativeKernel:
             for f in futures:
                 f.result()
         return self.finish(rows)
+
+    def run_in(self, env: dict) -> list[np.ndarray]:
+        """A call on the env's values (a step the graph sink cannot run). Graph inputs were
+        checked before the step: parameters are owned, contiguous buffers; the arguments
+        native code reads, by the Executable."""
+        return self.run(self.operands(env))
 
     def operands(self, env: dict) -> list[np.ndarray]:
         """The arrays to call with: each operand's, or its view's base, C-contiguous."""
@@ -361,26 +362,21 @@ class LLVMProgram:
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
                                                             dict[str, np.ndarray]]:
-        env: dict[Value, object] = dict(inputs)
-        updates: dict[str, np.ndarray] = {}
-        stored_roots = {id(_root(inputs[v])) for v in self.stored if v in inputs} \
-            if self.numpy_nodes else set()
         # An output that is a stored parameter itself keeps its value from before the step.
         early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
-        backups = {v: inputs[v].copy() for v in self.backed_up}
         if self.sink:
+            env = dict(inputs)
             self._run_sink(env)
-            return [early.get(v, env[v]) for v in self.graph.outputs], updates
+            return [early.get(v, env[v]) for v in self.graph.outputs], {}
+        backups = {v: inputs[v].copy() for v in self.backed_up}
         try:
-            with np.errstate(all="ignore"):
-                for node in self.nodes:
-                    self._run_node(node, env, updates, stored_roots)
+            env, updates = run_nodes(self.nodes, inputs, native=self.native,
+                                     stored=self.stored if self.numpy_nodes else ())
         except BaseException:
             for v, saved in backups.items():
                 np.copyto(inputs[v], saved)
             raise
-        outputs = [early.get(v, env[v]) for v in self.graph.outputs]
-        return outputs, updates  # type: ignore[return-value]
+        return [early.get(v, env[v]) for v in self.graph.outputs], updates
 
     def _run_sink(self, env: dict) -> None:
         """Every kernel in one native call per thread: pointer tables first (outputs are
@@ -425,37 +421,6 @@ class LLVMProgram:
                     row[3 + 2 * t: 5 + 2 * t] = (lo, hi)
             self._sink_tables[n] = (table, used)
         return self._sink_tables[n]
-
-    def _run_node(self, node: Node, env: dict, updates: dict, stored_roots: set[int]) -> None:
-        if node.op == "assign":
-            updates[node.inputs[0].name] = env[node.inputs[1]]
-            env[node.out] = None
-            return
-        native = self.native.get(id(node))
-        if native is not None:
-            # Graph inputs were checked before the step (parameters are owned, contiguous
-            # buffers; arguments native code reads were checked by the Executable).
-            env.update(zip(node.outputs, native.run(native.operands(env))))
-            return
-        args = [env[v] for v in node.inputs]
-        try:
-            if node.body is not None:
-                results, writes = kernel_ir.run(node, args)
-                updates.update((t.name, a) for t, a in writes)
-                results += [None] * (len(node.outputs) - len(results))
-            else:
-                results = evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
-        except GraphoptError:
-            raise
-        except Exception as e:
-            raise ExecutionError(f"{node.op} failed while the step ran: {e}; no parameter was "
-                                 f"changed", loc=node.loc) from None
-        for v, r in zip(node.outputs, results):
-            # A view of a parameter that a kernel will overwrite in place keeps today's value.
-            if isinstance(r, np.ndarray) and id(_root(r)) in stored_roots:
-                r = r.copy()
-            env[v] = r
-
 
 
 def _contiguous(a: np.ndarray, v: Value) -> np.ndarray:

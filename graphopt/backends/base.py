@@ -1,0 +1,118 @@
+"""What a backend is, and the one loop that runs a graph's nodes numpy's way.
+
+A backend is a module with `compile(graph, *, fastmath, cache) -> Program` and `target()`.
+The interpreter runs every node through `run_nodes`; the LLVM runtime runs its compiled
+kernels natively and the rest through `run_nodes` too, so both mean the same by each node
+and report a failing one the same way.
+"""
+from __future__ import annotations
+
+from typing import Any, Callable, Collection, Mapping, Protocol, Sequence, TypeVar
+
+import numpy as np
+
+from ..errors import ExecutionError, GraphoptError
+from ..ir import kernel
+from ..ir.graph import Graph, Location, Node, Value
+from ..ir.registry import evaluate
+
+T = TypeVar("T")
+
+
+class Program(Protocol):
+    """A graph ready to run. `nodes` are the ones that run, in order; `kernels` what was
+    compiled natively (none for the interpreter). An LLVMProgram also has `native_inputs`
+    (the arguments native code reads as they lie) and `listing`."""
+
+    graph: Graph
+    nodes: list[Node]
+    kernels: list
+
+    def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
+                                                            dict[str, np.ndarray]]:
+        """The graph's outputs, and the new value of each parameter it did not already
+        update in place (the caller commits them once the whole graph has run)."""
+        ...
+
+
+class Backend(Protocol):
+    """A backend module (backends/__init__.py names them)."""
+
+    def compile(self, graph: Graph, *, fastmath: bool = False, cache: bool = True
+                ) -> Program: ...
+
+    def target(self) -> str:
+        """The switches its programs depend on (the LLVM backend's GRAPHOPT_CPU), so that
+        jit compiles again when they change; "" when there are none."""
+        ...
+
+
+class NativeNode(Protocol):
+    """A node a backend compiled: it runs on the values computed so far."""
+
+    def run_in(self, env: dict[Value, Any]) -> list[Any]: ...
+
+
+def run_nodes(nodes: Sequence[Node], inputs: dict[Value, np.ndarray], *,
+              native: Mapping[int, NativeNode] | None = None,
+              stored: Collection[Value] = ()) -> tuple[dict[Value, Any], dict[str, np.ndarray]]:
+    """Run the nodes in order; return every value made, and the new value of each assigned
+    parameter (assigns and numpy-run kernels' stores are only collected: the caller commits
+    them after the whole graph has run, so a step that fails part-way changes no Parameter).
+
+    `native`: node id -> the compiled node that runs instead of numpy. `stored`: parameters
+    written in place while the nodes run; a numpy result that views one is copied when made,
+    so it keeps the value it was made from."""
+    env: dict[Value, Any] = dict(inputs)
+    updates: dict[str, np.ndarray] = {}
+    roots = {id(root(inputs[v])) for v in stored if v in inputs}
+    # NaN and Inf are values a training step works with (loss scaling looks for them).
+    with np.errstate(all="ignore"):
+        for node in nodes:
+            if node.op == "assign":
+                updates[node.inputs[0].name] = env[node.inputs[1]]
+                env[node.out] = None  # a token carries no data
+                continue
+            compiled = native.get(id(node)) if native else None
+            if compiled is not None:
+                env.update(zip(node.outputs, compiled.run_in(env)))
+                continue
+            results = _numpy_errors(node.op, node.loc, _evaluate, node,
+                                    [env[v] for v in node.inputs], updates)
+            for v, r in zip(node.outputs, results):
+                env[v] = r.copy() if isinstance(r, np.ndarray) and id(root(r)) in roots else r
+    return env, updates
+
+
+def _evaluate(node: Node, args: list[Any], updates: dict[str, np.ndarray]) -> list[Any]:
+    """A node's numpy semantics; a kernel's stores go into `updates`."""
+    if node.body is None:
+        return evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
+    results, writes = kernel.run(node, args, _fused)
+    updates.update((target.name, a) for target, a in writes)
+    return results + [None] * (len(node.outputs) - len(results))  # the token
+
+
+def _fused(n: Node, arrays: list[Any]) -> np.ndarray:
+    """A node of a kernel's body: its failure names it, not the kernel."""
+    return _numpy_errors(f"{n.op} (fused in a kernel)", n.loc, kernel.evaluate_body_node,
+                         n, arrays)
+
+
+def _numpy_errors(what: str, loc: Location | None, fn: Callable[..., T], *args: Any) -> T:
+    """fn(*args), with numpy's own exception (an integer to a negative power, a MemoryError)
+    as the ExecutionError that says what failed, and where."""
+    try:
+        return fn(*args)
+    except GraphoptError:
+        raise
+    except Exception as e:
+        raise ExecutionError(f"{what} failed while the step ran: {e}; no parameter was "
+                             f"changed", loc=loc) from None
+
+
+def root(a: np.ndarray) -> np.ndarray:
+    """The array whose memory `a` views (`a` itself if it owns its memory)."""
+    while isinstance(a.base, np.ndarray):
+        a = a.base
+    return a
