@@ -69,7 +69,7 @@ def run_nodes(nodes: Sequence[Node], inputs: dict[Value, np.ndarray], *,
     # NaN and Inf are values a training step works with (loss scaling looks for them).
     with np.errstate(all="ignore"):
         for node in nodes:
-            if node.op == "assign":
+            if node.opdef.has_effect:  # an assign (a store is only ever in a kernel body)
                 updates[node.inputs[0].name] = env[node.inputs[1]]
                 env[node.out] = None  # a token carries no data
                 continue

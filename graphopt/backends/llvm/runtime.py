@@ -331,17 +331,18 @@ class LLVMProgram:
         self._sink = graphsink.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
-        # Views of stored parameters can only come from nodes numpy runs.
-        self.numpy_nodes = any(id(n) not in self.native and n.op != "assign"
+        # Views of stored parameters can only come from nodes numpy runs (an effect, an
+        # assign, makes no value).
+        self.numpy_nodes = any(id(n) not in self.native and not n.opdef.has_effect
                                for n in self.nodes)
 
     def _may_fail(self, node: Node) -> bool:
         """Whether running this node could raise: anything numpy runs (a MemoryError, if
-        nothing else), and a kernel that allocates its outputs when it is called one by one.
-        An assign only records its value; a depend passes one through."""
+        nothing else), and a kernel that allocates its outputs when it is called one by one;
+        not what the registry says cannot (OpDef.may_raise: assign, depend)."""
         if id(node) in self.native:
             return not self.sink and bool(node.body.outputs)
-        return node.op not in ("assign", "depend")
+        return node.opdef.may_raise
 
     @property
     def native_calls(self) -> int:
