@@ -87,7 +87,8 @@ class PassStats:
     bytes_written: int
     changed: bool
     counters: dict
-    diff: str  # unified diff of the text IR (empty when unchanged)
+    diff: str  # unified diff of the text IR (empty when unchanged, or without run(diffs=True))
+    fingerprint: int = 0  # of the graph after the pass (see `fingerprint`)
 
     @property
     def nodes_removed(self) -> int:
@@ -168,38 +169,46 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
     ctx = PassContext(fastmath=fastmath)
     stats: list[PassStats] = []
     memo: dict[int, tuple[int, int]] = {}
-    after = fingerprint(g)
-    for i, name in enumerate(names):
-        before_text = g.format(locs=True) if diffs else ""
-        before = after
+    for name in names:
         if _matches(print_before, name):
             print(f"# *** IR before {name} ***\n{g.format(locs=True)}", file=out)
-        nodes_before, kernels_before = _sizes(g)
-        ctx.current = name
-        start = time.perf_counter()
-        counters = PASSES[name].run(g, ctx) or {}
-        seconds = time.perf_counter() - start
-        if each:
-            _verify(g, f"the graph does not verify after pass '{name}' (pipeline "
-                       f"{','.join(names)})")
-        after = fingerprint(g)
-        changed = after != before
-        diff = ""
-        if diffs and changed:
-            diff = "".join(difflib.unified_diff(
-                before_text.splitlines(True), g.format(locs=True).splitlines(True),
-                f"before {name}", f"after {name}", n=1))
-        read, written = graph_bytes(g, memo)
-        stats.append(PassStats(name, seconds, nodes_before, len(g.nodes), kernels_before,
-                               _sizes(g)[1], read, written, changed, counters, diff))
-        if print_after_all or _matches(print_after, name) or (print_after_change and changed):
-            print(f"# *** IR after {name}{'' if changed else ' (no change)'} ***\n"
+        stats.append(_run_pass(g, name, ctx, memo, verify=each, diffs=diffs,
+                               pipeline=names, before=stats[-1].fingerprint if stats else None))
+        if print_after_all or _matches(print_after, name) or \
+                (print_after_change and stats[-1].changed):
+            print(f"# *** IR after {name}{'' if stats[-1].changed else ' (no change)'} ***\n"
                   f"{g.format(locs=True)}", file=out)
     if verify == "last" and not each:
         _verify(g, f"the graph does not verify after the pipeline {','.join(names) or '(none)'} "
                    f"(GRAPHOPT_VERIFY=each verifies its input and every pass, to find which "
                    f"broke it)")
     return PipelineResult(g, stats, ctx.refusals)
+
+
+def _run_pass(g: Graph, name: str, ctx: PassContext, memo: dict[int, tuple[int, int]], *,
+              verify: bool, diffs: bool, pipeline: list[str], before: int | None) -> PassStats:
+    """One pass on g: run it, verify the result, and measure what it did (`before`: the
+    graph's fingerprint as the previous pass left it, when there was one)."""
+    before = fingerprint(g) if before is None else before
+    before_text = g.format(locs=True) if diffs else ""
+    nodes_before, kernels_before = _sizes(g)
+    ctx.current = name
+    start = time.perf_counter()
+    counters = PASSES[name].run(g, ctx) or {}
+    seconds = time.perf_counter() - start
+    if verify:
+        _verify(g, f"the graph does not verify after pass '{name}' (pipeline "
+                   f"{','.join(pipeline)})")
+    after = fingerprint(g)
+    changed = after != before
+    diff = ""
+    if diffs and changed:
+        diff = "".join(difflib.unified_diff(
+            before_text.splitlines(True), g.format(locs=True).splitlines(True),
+            f"before {name}", f"after {name}", n=1))
+    read, written = graph_bytes(g, memo)
+    return PassStats(name, seconds, nodes_before, len(g.nodes), kernels_before, _sizes(g)[1],
+                     read, written, changed, counters, diff, after)
 
 
 def _verify(g: Graph, what: str) -> None:
