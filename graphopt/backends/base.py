@@ -7,16 +7,14 @@ and report a failing one the same way.
 """
 from __future__ import annotations
 
-from typing import Any, Callable, Collection, Mapping, Protocol, Sequence, TypeVar
+from typing import Any, Collection, Mapping, Protocol, Sequence
 
 import numpy as np
 
 from ..errors import ExecutionError, GraphoptError
 from ..ir import kernel
-from ..ir.graph import Graph, Location, Node, Value
-from ..ir.registry import evaluate
-
-T = TypeVar("T")
+from ..ir.graph import Graph, Node, Value
+from ..ir.registry import evaluate, evaluate_element
 
 
 class Program(Protocol):
@@ -53,19 +51,19 @@ class NativeNode(Protocol):
     def run_in(self, env: dict[Value, Any]) -> list[Any]: ...
 
 
-def run_nodes(nodes: Sequence[Node], inputs: dict[Value, np.ndarray], *,
+def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
               native: Mapping[int, NativeNode] | None = None,
-              stored: Collection[Value] = ()) -> tuple[dict[Value, Any], dict[str, np.ndarray]]:
-    """Run the nodes in order; return every value made, and the new value of each assigned
-    parameter (assigns and numpy-run kernels' stores are only collected: the caller commits
-    them after the whole graph has run, so a step that fails part-way changes no Parameter).
+              stored: Collection[Value] = ()) -> dict[str, np.ndarray]:
+    """Run the nodes in order on `env`, the graph's inputs, adding the values they make;
+    return the new value of each assigned parameter (assigns and numpy-run kernels' stores
+    are only collected: the caller commits them after the whole graph has run, so a step
+    that fails part-way changes no Parameter).
 
     `native`: node id -> the compiled node that runs instead of numpy. `stored`: parameters
     written in place while the nodes run; a numpy result that views one is copied when made,
     so it keeps the value it was made from."""
-    env: dict[Value, Any] = dict(inputs)
     updates: dict[str, np.ndarray] = {}
-    roots = {id(root(inputs[v])) for v in stored if v in inputs}
+    roots = {id(root(env[v])) for v in stored if v in env}
     # NaN and Inf are values a training step works with (loss scaling looks for them).
     with np.errstate(all="ignore"):
         for node in nodes:
@@ -77,38 +75,35 @@ def run_nodes(nodes: Sequence[Node], inputs: dict[Value, np.ndarray], *,
             if compiled is not None:
                 env.update(zip(node.outputs, compiled.run_in(env)))
                 continue
-            results = _numpy_errors(node.op, node.loc, _evaluate, node,
-                                    [env[v] for v in node.inputs], updates)
+            results = _numpy(node, [env[v] for v in node.inputs], updates)
             for v, r in zip(node.outputs, results):
                 env[v] = r.copy() if isinstance(r, np.ndarray) and id(root(r)) in roots else r
-    return env, updates
+    return updates
 
 
-def _evaluate(node: Node, args: list[Any], updates: dict[str, np.ndarray]) -> list[Any]:
-    """A node's numpy semantics; a kernel's stores go into `updates`."""
-    if node.body is None:
-        return evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
-    results, writes = kernel.run(node, args, _fused)
-    updates.update((target.name, a) for target, a in writes)
-    return results + [None] * (len(node.outputs) - len(results))  # the token
-
-
-def _fused(n: Node, arrays: list[Any]) -> np.ndarray:
-    """A node of a kernel's body: its failure names it, not the kernel."""
-    return _numpy_errors(f"{n.op} (fused in a kernel)", n.loc, kernel.evaluate_body_node,
-                         n, arrays)
-
-
-def _numpy_errors(what: str, loc: Location | None, fn: Callable[..., T], *args: Any) -> T:
-    """fn(*args), with numpy's own exception (an integer to a negative power, a MemoryError)
-    as the ExecutionError that says what failed, and where."""
+def _numpy(node: Node, args: list[Any], updates: dict[str, np.ndarray],
+           fused: bool = False) -> Any:
+    """A node's numpy semantics (a kernel's stores go into `updates`; `fused`: a node of a
+    kernel's body, one result), with numpy's own exception (an integer to a negative power, a
+    MemoryError) as the ExecutionError that says which node failed, and where."""
     try:
-        return fn(*args)
+        if fused:  # on whole arrays: the numpy function of the unfused op
+            return evaluate_element(node.opdef, args, node.attrs, node.outputs[0].type)
+        if node.body is None:
+            return evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
+        results, writes = kernel.run(node, args, _fused)
+        updates.update((target.name, a) for target, a in writes)
+        return results + [None] * (len(node.outputs) - len(results))  # the token
     except GraphoptError:
         raise
     except Exception as e:
+        what = f"{node.op} (fused in a kernel)" if fused else node.op  # not the kernel
         raise ExecutionError(f"{what} failed while the step ran: {e}; no parameter was "
-                             f"changed", loc=loc) from None
+                             f"changed", loc=node.loc) from None
+
+
+def _fused(n: Node, arrays: list[Any]) -> np.ndarray:
+    return _numpy(n, arrays, {}, fused=True)
 
 
 def root(a: np.ndarray) -> np.ndarray:

@@ -20,7 +20,8 @@ def run(graph: Graph, inputs: dict[Value, np.ndarray],
         nodes: list[Node] | None = None) -> tuple[list[np.ndarray], dict[str, np.ndarray]]:
     """Run the graph; return its outputs and the new value of each assigned parameter.
     `nodes`: the live nodes, in order, when the caller has them already."""
-    env, updates = run_nodes(run_order(graph) if nodes is None else nodes, inputs)
+    env: dict[Value, object] = dict(inputs)
+    updates = run_nodes(run_order(graph) if nodes is None else nodes, env)
     return [env[v] for v in graph.outputs], updates
 
 

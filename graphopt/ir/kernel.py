@@ -41,7 +41,7 @@ from ..errors import OpTypeError
 from .graph import Graph, Node, Value
 from . import opdefs  # noqa: F401  (the reductions a kernel output may be)
 from .registry import (EFFECT, INTS_ATTR, KERNEL, REDUCTION, REGISTRY, SHAPES_ATTR,
-                       STRINGS_ATTR, OpDef, evaluate_element, get_op, register)
+                       STRINGS_ATTR, OpDef, get_op, register)
 from .types import TensorType, Type, token
 
 # A body output is mapped, or reduced by one of the reduction ops (a registry category).
@@ -224,8 +224,9 @@ def run(node: Node, arrays: Sequence[np.ndarray],
     """The kernel's numpy semantics: its outputs and its stores (outer value, new array).
 
     The body runs on whole arrays at once, each op with the same numpy function as the
-    unfused node, so a kernel gives the unfused graph's results bit for bit. `body_node`
-    runs one body node: `evaluate_body_node`, as the caller reports numpy's errors."""
+    unfused node (registry.evaluate_element), so a kernel gives the unfused graph's results
+    bit for bit. `body_node(n, arrays)` runs one body node so: the caller's, which reports
+    numpy's errors as the node's."""
     body = node.body
     lay = layout(node)
     outputs: list[np.ndarray] = []
@@ -249,11 +250,6 @@ def run(node: Node, arrays: Sequence[np.ndarray],
                 full, axes=tuple(range(len(space))), keepdims=False)
             outputs.append(np.array(result, dtype=r.dtype.np_dtype))
     return outputs, writes
-
-
-def evaluate_body_node(n: Node, arrays: list[Any]) -> np.ndarray:
-    """A body node on whole arrays: the numpy function of the unfused op, its declared dtype."""
-    return evaluate_element(n.opdef, arrays, n.attrs, n.outputs[0].type)
 
 
 @dataclass(frozen=True)

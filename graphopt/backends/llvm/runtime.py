@@ -363,16 +363,16 @@ class LLVMProgram:
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
                                                             dict[str, np.ndarray]]:
+        env: dict[Value, object] = dict(inputs)
         # An output that is a stored parameter itself keeps its value from before the step.
         early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
         if self.sink:
-            env = dict(inputs)
             self._run_sink(env)
             return [early.get(v, env[v]) for v in self.graph.outputs], {}
         backups = {v: inputs[v].copy() for v in self.backed_up}
         try:
-            env, updates = run_nodes(self.nodes, inputs, native=self.native,
-                                     stored=self.stored if self.numpy_nodes else ())
+            updates = run_nodes(self.nodes, env, native=self.native,
+                                stored=self.stored if self.numpy_nodes else ())
         except BaseException:
             for v, saved in backups.items():
                 np.copyto(inputs[v], saved)
