@@ -77,7 +77,8 @@ def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
                 continue
             results = _numpy(node, [env[v] for v in node.inputs], updates)
             for v, r in zip(node.outputs, results):
-                env[v] = r.copy() if isinstance(r, np.ndarray) and id(root(r)) in roots else r
+                env[v] = r.copy() if roots and isinstance(r, np.ndarray) and \
+                    id(root(r)) in roots else r
     return updates
 
 
