@@ -11,6 +11,8 @@ from typing import Any, Callable, Sequence
 
 import numpy as np
 
+from ..backends import get_backend
+from ..backends.base import root
 from ..errors import BackendError, SignatureError
 from ..frontend import pytree
 from ..frontend.tensor import EagerTensor
@@ -18,7 +20,6 @@ from ..frontend.tracer import Traced, bind_arguments, leaf_spec
 from ..ir.graph import Graph
 from ..ir.kernel import written
 from ..ir.types import TensorType
-from ..backends import get_backend
 from . import aliasing, exclusion
 from .exclusion import InterruptsDeferred
 
@@ -130,19 +131,13 @@ class Executable:
     def _commit(self, updates: dict[str, np.ndarray]) -> None:
         if not updates:  # kernels already updated their parameters in place
             return
-        roots = {id(_root(p._value)) for _, p in self.param_inputs}
+        roots = {id(root(p._value)) for _, p in self.param_inputs}
         # A new value that views a parameter buffer (a swap, a reshape of @p) is copied first,
         # so no commit reads a buffer that an earlier commit already overwrote.
-        staged = [(self._params[name], a.copy() if id(_root(a)) in roots else a)
+        staged = [(self._params[name], a.copy() if id(root(a)) in roots else a)
                   for name, a in updates.items()]
         for p, a in staged:
             np.copyto(p._value, a)
-
-
-def _root(a: np.ndarray) -> np.ndarray:
-    while isinstance(a.base, np.ndarray):
-        a = a.base
-    return a
 
 
 def _checked_array(leaf: Any, t: TensorType, path: str, native: bool = False) -> np.ndarray:

@@ -135,7 +135,6 @@ def written(node: Node) -> list[Value]:
 
 def infer_types(node: Node) -> list[Type]:
     """A node's output types: from the op's type rule, or, for a kernel, from its body."""
-    from .registry import get_op
     if node.body is None:
         return get_op(node.op).infer([v.type for v in node.inputs], node.attrs)
     body, attrs = node.body, node.attrs
