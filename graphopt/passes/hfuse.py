@@ -18,6 +18,7 @@ parameters. Kernels are combined when
 from __future__ import annotations
 
 import functools
+from typing import Callable
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel import infer_types, layout
@@ -58,6 +59,35 @@ def body_key(body: Graph) -> tuple:
 def hfuse(graph: Graph, ctx: PassContext) -> dict:
     grouping = Grouping(graph)
     names = functools.cache(lambda: value_names(graph))  # for refusals, which are rare
+    buckets = _bundles(graph, grouping, ctx, names)
+    _refuse_other_scalars(buckets, ctx, names)
+    mapping: dict[Value, Value] = {}
+    replaced: dict[int, Node] = {}
+    made = 0
+    for groups in buckets.values():
+        for group in groups:
+            bundle = group.members
+            if len(bundle) < 2:
+                continue
+            k = _combine(bundle)
+            made += 1
+            for old in bundle:
+                replaced[id(old)] = k
+            lay = layout(k)
+            for i, old in enumerate(bundle):
+                for j in range(lay.body_outputs):
+                    mapping[old.outputs[j]] = k.outputs[lay.output_index(i, j)]
+                if lay.has_token:
+                    mapping[old.outputs[-1]] = k.outputs[-1]
+    install(graph, replaced, mapping)
+    return {"multi_tensor_kernels": made,
+            "kernels_mapped": sum(1 for _ in replaced)}
+
+
+def _bundles(graph: Graph, grouping: Grouping, ctx: PassContext,
+             names: Callable[[], dict[Value, str]]) -> dict[tuple, list[Group]]:
+    """The kernels by signature, each signature's kernels bundled greedily in graph order: a
+    kernel joins the first bundle of its signature it does not depend on (nor it on it)."""
     buckets: dict[tuple, list[Group]] = {}
     for n in graph.nodes:
         if n.body is None:
@@ -81,8 +111,13 @@ def hfuse(graph: Graph, ctx: PassContext) -> dict:
                        f"they depend on each other through {names()[via.outputs[0]]}", None)
         else:
             buckets[sig].append(alone)
-    # Kernels of one body that read other scalars stay apart (one multi-tensor kernel shares
-    # each scalar operand among all its instances): say so, explain() shows it.
+    return buckets
+
+
+def _refuse_other_scalars(buckets: dict[tuple, list[Group]], ctx: PassContext,
+                          names: Callable[[], dict[Value, str]]) -> None:
+    """Kernels of one body that read other scalars stay apart (one multi-tensor kernel shares
+    each scalar operand among all its instances): say so, explain() shows it."""
     first_of_body: dict[tuple, Node] = {}
     for sig, groups in buckets.items():
         k = groups[0].members[0]
@@ -92,27 +127,6 @@ def hfuse(graph: Graph, ctx: PassContext) -> dict:
                        f"not mapped with the kernel of {names()[first.outputs[0]]}: the same "
                        f"body, but other shared scalars ({_scalars(k, names())} vs "
                        f"{_scalars(first, names())})", None)
-    mapping: dict[Value, Value] = {}
-    replaced: dict[int, Node] = {}
-    made = 0
-    for groups in buckets.values():
-        for group in groups:
-            bundle = group.members
-            if len(bundle) < 2:
-                continue
-            k = _combine(bundle)
-            made += 1
-            for old in bundle:
-                replaced[id(old)] = k
-            lay = layout(k)
-            for i, old in enumerate(bundle):
-                for j in range(lay.body_outputs):
-                    mapping[old.outputs[j]] = k.outputs[lay.output_index(i, j)]
-                if lay.has_token:
-                    mapping[old.outputs[-1]] = k.outputs[-1]
-    install(graph, replaced, mapping)
-    return {"multi_tensor_kernels": made,
-            "kernels_mapped": sum(1 for _ in replaced)}
 
 
 def _scalars(k: Node, names: dict[Value, str]) -> str:
