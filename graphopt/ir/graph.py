@@ -7,6 +7,9 @@ DESIGN's `depend(outputs, every assign token)`, written `return %x after(%t0, %t
 A Node applies one registered op to input Values, with attributes, and defines output Values.
 Any node may carry `after` edges: pure ordering, no data. The tracer puts them on `assign`
 (write-after-read) and `depend`.
+
+Every node output knows who reads it (`value.users`, kept by the operand lists: see uses.py),
+so a rewrite is `old.replace_all_uses_with(new)`, and a node leaving its graph is `detach()`ed.
 """
 from __future__ import annotations
 
@@ -17,6 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Sequence
 
 from .types import TensorType, Type
+from .uses import Operands, Ordering, operands_property, replace_all_uses
 
 if TYPE_CHECKING:
     import graphviz
@@ -48,7 +52,7 @@ _serials = itertools.count()  # a unique number for every Value and Node ever ma
 class Value:
     """An SSA value: a graph input (kind `param` or `arg`, with a name) or a node's output."""
 
-    __slots__ = ("type", "node", "index", "kind", "name", "serial")
+    __slots__ = ("type", "node", "index", "kind", "name", "serial", "users")
 
     def __init__(self, type: Type, node: Node | None = None, index: int = 0,
                  kind: str | None = None, name: str | None = None):
@@ -58,6 +62,16 @@ class Value:
         self.index = index
         self.kind = kind  # "param", "arg", or None for node outputs
         self.name = name
+        # Who reads a node's output, how many times: nodes (inputs, after edges), the graph
+        # whose return names it; kept by the readers' operand lists (uses.py). A graph input
+        # has none (None): no rewrite replaces one, a graph's copies share them, and reads of
+        # the thousands of inputs of a step are most of its reads.
+        self.users: dict[Node | Graph, int] | None = {} if kind is None else None
+
+    def replace_all_uses_with(self, new: Value) -> None:
+        """Make every reader of this value (nodes' inputs and after edges, the return) read
+        `new` instead."""
+        replace_all_uses({self: new})
 
     @property
     def is_param(self) -> bool:
@@ -86,18 +100,22 @@ class Value:
 
 
 class Node:
-    """One op applied to input Values; defines `outputs`. `after` edges order it, carry no data."""
+    """One op applied to input Values; defines `outputs`. `after` edges order it, carry no data.
+
+    `inputs` and `after` are Operands lists: edit them in place (`n.after[:] = kept`,
+    `n.after += [t]`), never assign them a plain list, which no use list would follow (the
+    verifier says so). Plain attributes, not properties: passes read them a million times."""
 
     __slots__ = ("op", "inputs", "attrs", "after", "outputs", "loc", "body", "serial")
 
-    def __init__(self, op: str, inputs: Sequence[Value], attrs: dict[str, Any] | None,
-                 out_types: Sequence[Type], after: Sequence[Value] = (),
+    def __init__(self, op: str, inputs: Iterable[Value], attrs: dict[str, Any] | None,
+                 out_types: Sequence[Type], after: Iterable[Value] = (),
                  loc: Location | None = None, body: Graph | None = None):
         self.serial = next(_serials)
         self.op = op
-        self.inputs = list(inputs)
+        self.inputs = Operands.of(self, inputs)
         self.attrs = dict(attrs or {})
-        self.after = list(after)
+        self.after = Ordering.of(self, after)
         self.outputs = [Value(t, self, i) for i, t in enumerate(out_types)]
         self.loc = loc
         self.body = body  # the region of a kernel node; None for every other op
@@ -118,6 +136,16 @@ class Node:
         yield from self.inputs
         yield from self.after
 
+    def operand_lists(self) -> tuple[Operands, Ordering]:
+        """Its lists of values read: data first (as a graph's return)."""
+        return self.inputs, self.after
+
+    def detach(self) -> None:
+        """Read nothing any more, so that no use list names this node: for a node that leaves
+        its graph (the caller takes it out of graph.nodes)."""
+        self.inputs.clear()
+        self.after.clear()
+
     def __repr__(self) -> str:
         return f"<Node {self.op} {[str(v.type) for v in self.outputs]}>"
 
@@ -125,12 +153,15 @@ class Node:
 class Graph:
     """A step as a graph: inputs, nodes in topological order, a return with its effects."""
 
+    outputs = operands_property("_outputs", "The values it returns.")
+    effects = operands_property("_effects", "The tokens the return is ordered after.")
+
     def __init__(self, name: str = "main"):
         self.name = name
         self.inputs: list[Value] = []
         self.nodes: list[Node] = []
-        self.outputs: list[Value] = []
-        self.effects: list[Value] = []  # tokens the return is ordered after
+        self._outputs = Operands.of(self)
+        self._effects = Ordering.of(self)
 
     # -- building ---------------------------------------------------------------------------
     def add_input(self, kind: str, name: str, type: Type) -> Value:
@@ -149,21 +180,6 @@ class Graph:
         node = Node(op, inputs, attrs, out_types, after, loc)
         self.nodes.append(node)
         return node
-
-    def remap(self, mapping: dict[Value, Value]) -> None:
-        """Make every reader of a value in `mapping` (inputs, after edges, the return) read
-        the value it maps to instead. One walk over the graph, however many values change."""
-        if not mapping:
-            return
-        def ordering(values: list[Value]) -> list[Value]:
-            # Ordering edges form a set: two that now name one value become one.
-            return list(dict.fromkeys(mapping.get(v, v) for v in values))
-
-        for n in self.nodes:
-            n.inputs = [mapping.get(v, v) for v in n.inputs]
-            n.after = ordering(n.after)
-        self.outputs = [mapping.get(v, v) for v in self.outputs]
-        self.effects = ordering(self.effects)
 
     def clone(self) -> Graph:
         """A copy to rewrite: new Nodes (bodies too) and node outputs, the same structure. The
@@ -200,17 +216,13 @@ class Graph:
     def assigns(self) -> list[Node]:
         return [n for n in self.nodes if n.op == "assign"]
 
-    def users(self) -> dict[Value, list[Node]]:
-        """For each value, the nodes that read it (data inputs or after edges)."""
-        uses: dict[Value, list[Node]] = {}
-        for n in self.nodes:
-            for v in n.operands():
-                uses.setdefault(v, []).append(n)
-        return uses
-
     def returned(self) -> Iterable[Value]:
-        yield from self.outputs
-        yield from self.effects
+        yield from self._outputs
+        yield from self._effects
+
+    def operand_lists(self) -> tuple[Operands, Ordering]:
+        """The return's lists of values read: data first (as a node's)."""
+        return self._outputs, self._effects
 
     # -- showing ----------------------------------------------------------------------------
     def format(self, *, locs: bool = False) -> str:

@@ -22,10 +22,16 @@ Each violation raises a VerifyError naming the rule and the node:
   kernel-body        a kernel body has element-typed `arg` inputs and only elementwise ops,
                      scalar constants and stores (one per input); `store` appears only there
   kernel-aliasing    a parameter a kernel stores is bound to exactly one of its operands
+  uses               each node output's use list (Value.users) names the nodes of this graph
+                     that read it and the graph if its return does, as many times as they
+                     read it: what replace_all_uses_with relies on. Operands lists keep it;
+                     a pass breaks it by dropping a node from graph.nodes without detach()
 """
 from __future__ import annotations
 
 import functools
+import itertools
+import operator
 from collections import Counter
 from typing import Callable
 
@@ -36,6 +42,7 @@ from .kernel import infer_types, stores, written
 from .printer import Namer, format_node, value_names
 from .registry import CONSTANT, ELEMENTWISE, REGISTRY, check_attr_kinds, check_attrs
 from .types import TensorType, TokenType, Type, shape_problem
+from .uses import Operands
 
 Fail = Callable[[str, "Node | None", str], None]
 
@@ -106,6 +113,7 @@ def _verify(graph: Graph, region: bool) -> None:
         _check_body(graph, fail)
     else:
         _check_writes(graph, fail)
+    _check_uses(graph, fail)
 
 
 def _check_node(node: Node, fail: Fail, region: bool) -> None:
@@ -223,3 +231,39 @@ def _check_writes(graph: Graph, fail: Fail) -> None:
             target = next(v for v in r.inputs if writers.get(v) is w)
             fail("write-after-read", r, f"this node reads @{target.name} but is not "
                  f"ordered before the node that writes it (add it to that node's after(...))")
+
+
+def _check_uses(graph: Graph, fail: Fail) -> None:
+    """Every operand list is its reader's own, the use lists of this graph's node outputs name
+    only readers in it, and they count as many reads of node outputs as the operand lists
+    hold. In C loops (map, attrgetter, sets): a graph has 20,000 nodes."""
+    chain = itertools.chain.from_iterable
+    lists = [*chain(map(_NODE_LISTS, graph.nodes)), *graph.operand_lists()]
+    owners = [*chain(zip(graph.nodes, graph.nodes)), graph, graph]
+    if not all(map(isinstance, lists, itertools.repeat(Operands))) or \
+            not all(map(operator.is_, map(_USER, lists), owners)):
+        reader = next(r for o, r in zip(lists, owners) if getattr(o, "user", None) is not r)
+        fail("uses", reader if isinstance(reader, Node) else None,
+             "its inputs, after edges, outputs or effects are a list no use list follows "
+             "(edit the Operands list in place)")
+    values = list(chain(map(_OUTPUTS, graph.nodes)))
+    uses = list(map(_USERS, values))
+    members = {*graph.nodes, graph}
+    if not members.issuperset(chain(uses)):
+        v = next(v for v in values if not members.issuperset(v.users))
+        fail("uses", v.node, f"the use list of {_name(graph, v)} names a node that is not in "
+                             f"the graph (one taken out of graph.nodes without detach(), or "
+                             f"made and dropped)")
+    listed = sum(map(sum, map(dict.values, uses)))
+    reads = operator.countOf(map(_KIND, chain(lists)), None)  # of node outputs: kind None
+    if listed != reads:
+        fail("uses", None, f"the use lists count {listed} reads, the operand lists {reads}")
+
+
+_NODE_LISTS = operator.attrgetter("inputs", "after")
+_OUTPUTS, _USER, _USERS, _KIND = (operator.attrgetter(a) for a in ("outputs", "user", "users",
+                                                                   "kind"))
+
+
+def _name(graph: Graph, v: Value) -> str:
+    return value_names(graph).get(v, repr(v))

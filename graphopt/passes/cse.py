@@ -15,6 +15,7 @@ import numpy as np
 
 from ..ir.analysis import has_effect
 from ..ir.graph import Graph, Value
+from ..ir.uses import replace_all_uses
 from .manager import PassContext, register
 
 COMMUTATIVE = {"add", "multiply", "maximum", "minimum", "equal", "not_equal", "logical_and",
@@ -37,12 +38,8 @@ def attrs_key(attrs: dict[str, Any]) -> tuple:
 @register("cse")
 def cse(graph: Graph, ctx: PassContext) -> dict:
     seen: dict[tuple, list[Value]] = {}
-    replace: dict[Value, Value] = {}
     kept = []
     for n in graph.nodes:
-        if replace:  # (a kernel has thousands of inputs: no copy when nothing changed)
-            n.inputs = [replace.get(v, v) for v in n.inputs]
-            n.after = [replace.get(v, v) for v in n.after]
         if has_effect(n) or n.body is not None:
             kept.append(n)
             continue
@@ -51,12 +48,12 @@ def cse(graph: Graph, ctx: PassContext) -> dict:
             inputs.sort()
         key = (n.op, tuple(inputs), attrs_key(n.attrs), tuple(id(v) for v in n.after),
                tuple(str(v.type) for v in n.outputs))
-        if key in seen:
-            replace.update(zip(n.outputs, seen[key]))
+        if key in seen:  # its readers, all later in the order, read the first one's values
+            replace_all_uses(dict(zip(n.outputs, seen[key])))
+            n.detach()
             continue
         seen[key] = n.outputs
         kept.append(n)
     merged = len(graph.nodes) - len(kept)
     graph.nodes = kept
-    graph.remap(replace)
     return {"merged": merged}

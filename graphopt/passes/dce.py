@@ -22,10 +22,14 @@ def dce(graph: Graph, ctx: PassContext) -> dict:
     producer = producers(graph)
     live = live_nodes(graph)
     before = len(graph.nodes)
+    for n in graph.nodes:
+        if id(n) not in live:
+            n.detach()
     graph.nodes = [n for n in graph.nodes if id(n) in live]
     dropped = 0
     for n in graph.nodes:
         kept = [v for v in n.after if v not in producer or id(producer[v]) in live]
-        dropped += len(n.after) - len(kept)
-        n.after = kept
+        if len(kept) != len(n.after):
+            dropped += len(n.after) - len(kept)
+            n.after[:] = kept
     return {"removed": before - len(graph.nodes), "after_edges_dropped": dropped}

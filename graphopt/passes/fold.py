@@ -38,11 +38,8 @@ def fill_value(v: Value, producer: dict[Value, Node]) -> int | float | bool | No
 @register("fold")
 def fold(graph: Graph, ctx: PassContext) -> dict:
     producer: dict[Value, Node] = {}
-    replace: dict[Value, Value] = {}
     folded = 0
     for i, n in enumerate(graph.nodes):
-        if replace:
-            n.inputs = [replace.get(v, v) for v in n.inputs]
         producer.update((v, n) for v in n.outputs)
         op = n.opdef
         if op.category in (CONSTANT, EFFECT, CONTROL, KERNEL) or n.after or \
@@ -55,10 +52,10 @@ def fold(graph: Graph, ctx: PassContext) -> dict:
         c = Node("constant", [], {"value": constant_value(_fill_or_array(result), out.dtype),
                                   "shape": out.shape, "dtype": out.dtype}, [out], loc=n.loc)
         graph.nodes[i] = c
-        replace[n.outputs[0]] = c.out
+        n.outputs[0].replace_all_uses_with(c.out)
+        n.detach()
         producer[c.out] = c
         folded += 1
-    graph.remap(replace)
     return {"folded": folded}
 
 

@@ -46,6 +46,12 @@ from .manager import PassContext, register
 REDUCE_OPS = ("sum", "max", "mean")
 
 
+def read_outside(v: Value, inside: set[int]) -> bool:
+    """Whether a node outside `inside` (ids), or the return, reads v as data (an after edge
+    to v is not a read: it comes to wait for the whole kernel)."""
+    return any(id(u) not in inside and v in u.operand_lists()[0] for u in v.users)
+
+
 def reductions(g: Group) -> list[Node]:
     return [n for n in g.members if n.op in REDUCE_OPS]
 
@@ -195,8 +201,7 @@ class _Fuser(Grouping):
                 merged.append(g)
 
     # -- building kernels ----------------------------------------------------------------------
-    def build(self, g: Group, users: dict[Value, list[Node]]) -> tuple[Node, dict[Value, Value],
-                                                                        set[Value]]:
+    def build(self, g: Group) -> tuple[Node, dict[Value, Value], set[Value]]:
         """The kernel node for a group; outer value -> kernel output; values it absorbed."""
         inside = {id(n) for n in g.members}
         body = Graph("kernel")
@@ -237,8 +242,7 @@ class _Fuser(Grouping):
         for n in g.members:  # element results read outside the kernel leave it as "map"
             if n.op in REDUCE_OPS or n.op == "assign":
                 continue
-            if any(id(u) not in inside for u in users.get(n.out, ())) or \
-                    n.out in self.graph.outputs:
+            if read_outside(n.out, inside):
                 kinds.append("map")
                 results.append(n.out)
                 body.outputs.append(env[n.out])
@@ -259,31 +263,22 @@ class _Fuser(Grouping):
         absorbed = {v for n in g.members for v in n.outputs if v not in mapping}
         return k, mapping, absorbed
 
-    def _needed(self, g: Group, users: dict[Value, list[Node]]) -> bool:
+    def _needed(self, g: Group) -> bool:
         """Whether anything outside reads the group or it stores: a group nothing reads
         (dead code dce has not removed yet) is left as it is."""
         inside = {id(n) for n in g.members}
-        return any(n.op == "assign" or n.out in self.graph.outputs or
-                   any(id(u) not in inside for u in users.get(n.out, ())) for n in g.members)
-
-    def _data_users(self) -> dict[Value, list[Node]]:
-        users: dict[Value, list[Node]] = {}
-        for n in self.graph.nodes:
-            for v in n.inputs:
-                users.setdefault(v, []).append(n)
-        return users
+        return any(n.op == "assign" or read_outside(n.out, inside) for n in g.members)
 
     def rewrite(self) -> int:
-        users = self._data_users()
         groups: list[Group] = []
         for n in self.graph.nodes:
             g = self.group.get(id(n))
-            if g is not None and g.members[0] is n and self._needed(g, users):
+            if g is not None and g.members[0] is n and self._needed(g):
                 groups.append(g)
         mapping: dict[Value, Value] = {}
         kernel_of: dict[int, Node] = {}
         for g in groups:
-            k, outs, absorbed = self.build(g, users)
+            k, outs, absorbed = self.build(g)
             mapping.update(outs)
             for n in g.members:
                 kernel_of[id(n)] = k

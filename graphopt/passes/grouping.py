@@ -10,6 +10,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from ..ir.analysis import producers, toposort
 from ..ir.graph import Graph, Node, Value
+from ..ir.uses import replace_all_uses
 
 @dataclass(eq=False)
 class Group:
@@ -92,15 +93,17 @@ class Grouping:
 
 def install(graph: Graph, replaced: dict[int, Node], mapping: dict[Value, Value]) -> None:
     """Put each new node where the first node it replaces stood (replaced: id(old) -> new),
-    make readers read the new values (mapping), and restore a topological order."""
+    make the readers left read the new values (mapping), and restore a topological order."""
     nodes, placed = [], set()
     for n in graph.nodes:
         new = replaced.get(id(n))
         if new is None:
             nodes.append(n)
-        elif id(new) not in placed:
+            continue
+        n.detach()  # first: reads among the replaced nodes are gone, not rewritten
+        if id(new) not in placed:
             placed.add(id(new))
             nodes.append(new)
     graph.nodes = nodes
-    graph.remap(mapping)
+    replace_all_uses(mapping)
     toposort(graph)

@@ -134,30 +134,26 @@ class _Rewriter:
 @register("simplify")
 def simplify(graph: Graph, ctx: PassContext) -> dict:
     rw = _Rewriter(graph, ctx)
-    replace: dict[Value, Value] = {}
     nodes: list[Node] = []
     for n in graph.nodes:
-        if replace:  # (a kernel has thousands of inputs: no copy when nothing changed)
-            n.inputs = [replace.get(v, v) for v in n.inputs]
-            n.after = [replace.get(v, v) for v in n.after]
         rw.new = []
         hit = rw.rewrite(n)
+        if hit is not None and (hit[1].kind == "param" or any(
+                v.kind == "param" and v not in n.inputs for m in rw.new for v in m.inputs)):
+            # Never replace a value by @p itself (its readers would become readers of @p that
+            # nothing orders before @p's write; and `b := a * 1` may be the copy a swap of two
+            # parameters needs), nor make a new reader of @p.
+            for m in rw.new:
+                m.detach()
+            hit = None
         if hit is None:
             nodes.append(n)
             rw.producer.update((v, n) for v in n.outputs)
             continue
         rule, value = hit
-        if value.kind == "param" or \
-                any(v.kind == "param" and v not in n.inputs for m in rw.new for v in m.inputs):
-            # Never replace a value by @p itself (its readers would become readers of @p that
-            # nothing orders before @p's write; and `b := a * 1` may be the copy a swap of two
-            # parameters needs), nor make a new reader of @p.
-            nodes.append(n)
-            rw.producer.update((v, n) for v in n.outputs)
-            continue
         rw.counts[rule] = rw.counts.get(rule, 0) + 1
         nodes += rw.new  # new nodes keep the order valid: their inputs precede n
-        replace[n.outputs[0]] = value
+        n.outputs[0].replace_all_uses_with(value)
+        n.detach()
     graph.nodes = nodes
-    graph.remap(replace)
     return dict(sorted(rw.counts.items()))
