@@ -218,3 +218,14 @@ def test_pipeline_keeps_semantics(prog, seed, fast):
         assert_same(u1[name], u2[name])
     if fast:  # every pass keeps the graph valid with fastmath too
         passes.run(graph, fastmath=True).graph.verify()
+
+
+@pytest.mark.parametrize("backend", ["interpreter", "llvm"])
+def test_cse_keeps_maximum_and_minimum_in_their_order(backend):
+    """Of +0 and -0, maximum and minimum give the second: max(a, b) and max(b, a) differ in
+    the sign of the zero, so cse must not merge them (they are not declared commutative)."""
+    a, b = np.zeros(4, np.float32), np.full(4, -0.0, np.float32)
+    outs = go.jit(lambda x, y: (ops.maximum(x, y), ops.maximum(y, x), ops.minimum(x, y),
+                                ops.minimum(y, x)), backend=backend)(a, b)
+    signs = [bool(np.signbit(np.asarray(o)).all()) for o in outs]
+    assert signs == [True, False, True, False]

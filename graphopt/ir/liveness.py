@@ -22,6 +22,7 @@ from typing import Iterable
 
 from .graph import Graph, Node, Value
 from .printer import Namer, format_node
+from .registry import CONSTANT
 from .types import TensorType
 
 
@@ -30,7 +31,7 @@ def is_backward(node: Node) -> bool:
     (constants aside); one that fuses forward and backward work runs in the forward."""
     if node.body is None:
         return node.loc is not None and node.loc.phase == "backward"
-    work = [n for n in node.body.nodes if n.op != "constant"]
+    work = [n for n in node.body.nodes if n.opdef.category != CONSTANT]
     return bool(work) and all(is_backward(n) for n in work)
 
 
@@ -143,7 +144,7 @@ def memory_report(graph: Graph) -> MemoryReport:
     peak = max(range(n), key=lambda i: (live[i], -i)) if n else 0
     backward = {i for i, node in enumerate(graph.nodes) if is_backward(node)}
     # A constant computes nothing, and folding may leave the seed (ones) anywhere.
-    work = [i for i in backward if graph.nodes[i].op != "constant"]
+    work = [i for i in backward if graph.nodes[i].opdef.category != CONSTANT]
     start = min(work) if work else None
     kept = _kept_for_backward(graph, ranges, backward, start) if backward else []
     return MemoryReport(graph.name, n, sum(nbytes(v) for v in graph.inputs), live, peak,

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from ..ir.graph import Graph, Node
 from ..ir.kernel import cost as kernel_cost
+from ..ir.registry import CONSTANT
 from ..ir.types import TensorType
 
 
@@ -21,9 +22,10 @@ def node_bytes(node: Node) -> tuple[int, int]:
         c = kernel_cost(node)
         return (c.read_per_element * c.elements + c.fixed_bytes,
                 c.write_per_element * c.elements)
-    if node.op == "constant" or node.opdef.view is not None:  # a view: nothing moves
+    op = node.opdef
+    if op.category == CONSTANT or op.view is not None:  # a view: nothing moves
         return 0, 0
-    if node.op == "assign":
+    if op.has_effect:  # an assign: its value is written into the parameter
         return _nbytes(node.inputs[1]), _nbytes(node.inputs[0])
     return sum(_nbytes(v) for v in node.inputs), sum(_nbytes(v) for v in node.outputs)
 

@@ -18,10 +18,6 @@ from ..ir.graph import Graph, Value
 from ..ir.uses import replace_all_uses
 from .manager import PassContext, register
 
-COMMUTATIVE = {"add", "multiply", "maximum", "minimum", "equal", "not_equal", "logical_and",
-               "logical_or"}
-
-
 def attrs_key(attrs: dict[str, Any]) -> tuple:
     """A hashable, exact form of a node's attributes (arrays by dtype, shape and bytes)."""
     def key(x: Any) -> Any:
@@ -44,7 +40,7 @@ def cse(graph: Graph, ctx: PassContext) -> dict:
             kept.append(n)
             continue
         inputs = [id(v) for v in n.inputs]
-        if n.op in COMMUTATIVE:
+        if n.opdef.commutative:
             inputs.sort()
         key = (n.op, tuple(inputs), attrs_key(n.attrs), tuple(id(v) for v in n.after),
                tuple(str(v.type) for v in n.outputs))

@@ -30,7 +30,7 @@ FOLD_MAX_ELEMENTS = 64
 def fill_value(v: Value, producer: dict[Value, Node]) -> int | float | bool | None:
     """The scalar a value is filled with, if it is a constant fill; else None."""
     n = producer.get(v)
-    if n is None or n.op != "constant" or isinstance(n.attrs["value"], np.ndarray):
+    if n is None or n.opdef.category != CONSTANT or isinstance(n.attrs["value"], np.ndarray):
         return None
     return n.attrs["value"]
 
@@ -43,7 +43,7 @@ def fold(graph: Graph, ctx: PassContext) -> dict:
         producer.update((v, n) for v in n.outputs)
         op = n.opdef
         if op.category in (CONSTANT, EFFECT, CONTROL, KERNEL) or n.after or \
-                not all(v in producer and producer[v].op == "constant" for v in n.inputs):
+                not all(v in producer and producer[v].opdef.category == CONSTANT for v in n.inputs):
             continue
         out: TensorType = n.outputs[0].type  # type: ignore[assignment]
         result = _evaluate(n, producer, out)

@@ -38,12 +38,10 @@ from ..ir.graph import Graph, Node, Value
 from ..ir import kernel as kernel_ir
 from ..ir.kernel import infer_types
 from ..ir.printer import value_names
-from ..ir.registry import ELEMENTWISE
+from ..ir.registry import CONSTANT, ELEMENTWISE, REDUCTION
 from ..ir.types import TensorType
 from .grouping import Group, Grouping, install
 from .manager import PassContext, register
-
-REDUCE_OPS = ("sum", "max", "mean")
 
 
 def read_outside(v: Value, inside: set[int]) -> bool:
@@ -52,17 +50,21 @@ def read_outside(v: Value, inside: set[int]) -> bool:
     return any(id(u) not in inside and v in u.operand_lists()[0] for u in v.users)
 
 
+def _is_constant(n: Node | None) -> bool:
+    return n is not None and n.opdef.category == CONSTANT
+
+
 def reductions(g: Group) -> list[Node]:
-    return [n for n in g.members if n.op in REDUCE_OPS]
+    return [n for n in g.members if n.opdef.category == REDUCTION]
 
 
 def space_of(n: Node) -> tuple[int, ...] | None:
     """The iteration space a node can be fused in, or None if it cannot be fused."""
-    if n.after and n.op != "assign":
+    if n.after and not n.opdef.has_effect:
         return None
-    if n.op == "assign":
+    if n.opdef.has_effect:
         return n.inputs[0].shape
-    if n.op in REDUCE_OPS:
+    if n.opdef.category == REDUCTION:
         x = n.inputs[0]
         full = tuple(n.attrs["axes"]) == tuple(range(x.type.ndim))
         return x.shape if full and not n.attrs["keepdims"] else None
@@ -91,11 +93,12 @@ class _Fuser(Grouping):
         written = {v for n in self.graph.nodes for v in kernel_ir.written(n)}
         inline: set[int] = set()
         for n in self.graph.nodes:
-            if n.op == "constant" or space_of(n) != () or n.op in REDUCE_OPS + ("assign",):
+            op = n.opdef
+            if op.category in (CONSTANT, REDUCTION) or op.has_effect or space_of(n) != ():
                 continue
             if all((v.is_input and v.shape == () and v not in written) or
                    id(self.producer.get(v)) in inline or
-                   (v in self.producer and self.producer[v].op == "constant" and v.shape == ())
+                   (v.shape == () and _is_constant(self.producer.get(v)))
                    for v in n.inputs):
                 inline.add(id(n))
         return inline
@@ -129,9 +132,9 @@ class _Fuser(Grouping):
     def group_nodes(self) -> None:
         for n in self.graph.nodes:
             space = space_of(n)
-            if space is None or n.op == "constant" or id(n) in self.inline:
+            if space is None or _is_constant(n) or id(n) in self.inline:
                 continue
-            if n.op == "assign":
+            if n.opdef.has_effect:
                 source = self.group.get(id(self.producer.get(n.inputs[1])))
                 if source is None:
                     continue  # nothing fused computes the value: the assign stays as it is
@@ -146,7 +149,7 @@ class _Fuser(Grouping):
             g = self.add(Group(space, [n]))
             for v in n.inputs:
                 pg = self.group.get(id(self.producer.get(v)))
-                if pg is None or pg is g or self.producer[v].op == "constant":
+                if pg is None or pg is g or _is_constant(self.producer[v]):
                     continue
                 # g is {n} alone until its first merge: then nothing grouped can follow it.
                 reason = self.why_not(pg, g, b_is_newest=len(g.members) == 1)
@@ -212,7 +215,7 @@ class _Fuser(Grouping):
             if v in env:
                 return env[v]
             p = self.producer.get(v)
-            if p is not None and p.op == "constant" and not isinstance(p.attrs["value"], np.ndarray):
+            if _is_constant(p) and not isinstance(p.attrs["value"], np.ndarray):
                 t = TensorType((), v.dtype)  # a fill: one scalar, copied into the body
                 c = body.add_node("constant", [], {**p.attrs, "shape": ()}, out_types=[t],
                                   loc=p.loc)
@@ -229,10 +232,10 @@ class _Fuser(Grouping):
         results: list[Value] = []  # outer values the kernel outputs
         stores: list[Value] = []
         for n in g.members:
-            if n.op == "assign":
+            if n.opdef.has_effect:
                 target, value = element(n.inputs[0]), element(n.inputs[1])
                 stores.append(body.add_node("store", [target, value], loc=n.loc).out)
-            elif n.op in REDUCE_OPS:
+            elif n.opdef.category == REDUCTION:
                 kinds.append(n.op)
                 results.append(n.out)
                 body.outputs.append(element(n.inputs[0]))
@@ -240,7 +243,7 @@ class _Fuser(Grouping):
                 env[n.out] = body.add_node(n.op, [element(v) for v in n.inputs], n.attrs,
                                            loc=n.loc).out
         for n in g.members:  # element results read outside the kernel leave it as "map"
-            if n.op in REDUCE_OPS or n.op == "assign":
+            if n.opdef.category == REDUCTION or n.opdef.has_effect:
                 continue
             if read_outside(n.out, inside):
                 kinds.append("map")
@@ -258,7 +261,7 @@ class _Fuser(Grouping):
         k.outputs = [Value(t, k, i) for i, t in enumerate(infer_types(k))]
         mapping = dict(zip(results, k.outputs))
         for n in g.members:
-            if n.op == "assign":
+            if n.opdef.has_effect:
                 mapping[n.out] = k.outputs[-1]
         absorbed = {v for n in g.members for v in n.outputs if v not in mapping}
         return k, mapping, absorbed
@@ -267,7 +270,7 @@ class _Fuser(Grouping):
         """Whether anything outside reads the group or it stores: a group nothing reads
         (dead code dce has not removed yet) is left as it is."""
         inside = {id(n) for n in g.members}
-        return any(n.op == "assign" or read_outside(n.out, inside) for n in g.members)
+        return any(n.opdef.has_effect or read_outside(n.out, inside) for n in g.members)
 
     def rewrite(self) -> int:
         groups: list[Group] = []

@@ -21,7 +21,7 @@ makes a new reader of a parameter (it would not be ordered before the parameter'
 from __future__ import annotations
 
 import math
-from typing import Any
+from typing import Any, Callable
 
 import ml_dtypes
 import numpy as np
@@ -74,61 +74,106 @@ class _Rewriter:
 
     def rewrite(self, n: Node) -> tuple[str, Value] | None:
         """(rule name, the value that replaces n's output), or None."""
-        if len(n.outputs) != 1 or n.after or n.body is not None:
+        rule = RULES.get(n.op)
+        if rule is None or len(n.outputs) != 1 or n.after or n.body is not None:
             return None
-        out = n.outputs[0]
-        fast = self.ctx.fastmath
-        ins = n.inputs
-        fills = [fill_value(v, self.producer) for v in ins]
-        exact_int = isinstance(out.type, TensorType) and not out.dtype.is_float
+        return rule(_Site(self, n))
 
-        def same(v: Value) -> bool:  # v can stand for out: same type, no broadcast lost
-            return v.type == out.type
 
-        if n.op == "multiply":
-            for x, c in ((ins[0], fills[1]), (ins[1], fills[0])):
-                if c is not None and c == 1 and same(x):
-                    return "x*1", x
-                if c is not None and c == 0 and (exact_int or fast):
-                    return "x*0", self.emit("constant", [], {"value": constant_value(0, out.dtype),
-                                                             "shape": out.type.shape,
-                                                             "dtype": out.dtype}, n)
-        if n.op == "add":
-            for x, c in ((ins[0], fills[1]), (ins[1], fills[0])):
-                if c is not None and same(x) and (_is(c, -0.0) or (c == 0 and (exact_int or fast))):
-                    return "x+0", x
-        if n.op == "subtract" and same(ins[0]) and fills[1] is not None and \
-                (_is(fills[1], 0.0) or (fills[1] == 0 and exact_int)):
-            return "x-0", ins[0]
-        if n.op == "divide":
-            c = fills[1]
-            if c is not None and c == 1 and same(ins[0]):
-                return "x/1", ins[0]
-            if c is not None and (_power_of_two(c, out.dtype) or
-                                  (fast and c != 0 and math.isfinite(c))):
-                return "x/c", self.emit("multiply", [ins[0], self.const(1.0 / c, n)], None, n)
-            p = self.producer.get(ins[1])
-            if fills[0] is not None and fills[0] == 1 and p is not None and p.op == "sqrt" \
-                    and same(ins[1]):
-                return "1/sqrt", self.emit("rsqrt", [p.inputs[0]], None, n)
-        if n.op == "negative":
-            p = self.producer.get(ins[0])
-            if p is not None and p.op == "negative" and same(p.inputs[0]):
-                return "--x", p.inputs[0]
-        if n.op == "power" and same(ins[0]):
-            if fills[1] is not None and fills[1] == 2:
-                return "x**2", self.emit("multiply", [ins[0], ins[0]], None, n)
-            if fills[1] is not None and fills[1] == 0.5 and fast:
-                return "x**0.5", self.emit("sqrt", [ins[0]], None, n)
-        if n.op == "cast":
-            x = ins[0]
-            if x.dtype == out.dtype:
-                return "cast-noop", x
-            p = self.producer.get(x)
-            if p is not None and p.op == "cast" and x.dtype.name in WIDENS.get(
-                    p.inputs[0].dtype.name, ()):
-                return "cast-cast", self.emit("cast", [p.inputs[0]], {"dtype": out.dtype}, n)
+class _Site:
+    """What a rule looks at: the node, its inputs, the scalar each input fills with (or
+    None), and whether the result is an integer (exact) or fast-math allows more."""
+
+    def __init__(self, rw: _Rewriter, n: Node):
+        self.rw, self.n = rw, n
+        self.out = n.outputs[0]
+        self.ins = n.inputs
+        self.fills = [fill_value(v, rw.producer) for v in n.inputs]
+        self.fast = rw.ctx.fastmath
+        self.exact_int = isinstance(self.out.type, TensorType) and not self.out.dtype.is_float
+
+    def same(self, v: Value) -> bool:
+        """v can stand for the output: the same type, no broadcast lost."""
+        return v.type == self.out.type
+
+    def producer(self, v: Value) -> Node | None:
+        return self.rw.producer.get(v)
+
+    def emit(self, op: str, inputs: list[Value], attrs: dict | None = None) -> Value:
+        return self.rw.emit(op, inputs, attrs, self.n)
+
+
+# -- the rules, one per op (a rule returns (its name, the replacement) or None) -----------------
+def _multiply(m: _Site) -> tuple[str, Value] | None:
+    for x, c in ((m.ins[0], m.fills[1]), (m.ins[1], m.fills[0])):
+        if c is not None and c == 1 and m.same(x):
+            return "x*1", x
+        if c is not None and c == 0 and (m.exact_int or m.fast):
+            out = m.out
+            return "x*0", m.emit("constant", [], {"value": constant_value(0, out.dtype),
+                                                  "shape": out.type.shape, "dtype": out.dtype})
+    return None
+
+
+def _add(m: _Site) -> tuple[str, Value] | None:
+    for x, c in ((m.ins[0], m.fills[1]), (m.ins[1], m.fills[0])):
+        if c is not None and m.same(x) and (_is(c, -0.0) or (c == 0 and (m.exact_int or m.fast))):
+            return "x+0", x
+    return None
+
+
+def _subtract(m: _Site) -> tuple[str, Value] | None:
+    c = m.fills[1]
+    if m.same(m.ins[0]) and c is not None and (_is(c, 0.0) or (c == 0 and m.exact_int)):
+        return "x-0", m.ins[0]
+    return None
+
+
+def _divide(m: _Site) -> tuple[str, Value] | None:
+    c = m.fills[1]
+    if c is not None and c == 1 and m.same(m.ins[0]):
+        return "x/1", m.ins[0]
+    exact = c is not None and _power_of_two(c, m.out.dtype)
+    if c is not None and (exact or (m.fast and c != 0 and math.isfinite(c))):
+        return "x/c", m.emit("multiply", [m.ins[0], m.rw.const(1.0 / c, m.n)])
+    p = m.producer(m.ins[1])
+    if m.fills[0] is not None and m.fills[0] == 1 and p is not None and p.op == "sqrt" \
+            and m.same(m.ins[1]):
+        return "1/sqrt", m.emit("rsqrt", [p.inputs[0]])
+    return None
+
+
+def _negative(m: _Site) -> tuple[str, Value] | None:
+    p = m.producer(m.ins[0])
+    if p is not None and p.op == "negative" and m.same(p.inputs[0]):
+        return "--x", p.inputs[0]
+    return None
+
+
+def _power(m: _Site) -> tuple[str, Value] | None:
+    c = m.fills[1]
+    if not m.same(m.ins[0]) or c is None:
         return None
+    if c == 2:
+        return "x**2", m.emit("multiply", [m.ins[0], m.ins[0]])
+    if c == 0.5 and m.fast:
+        return "x**0.5", m.emit("sqrt", [m.ins[0]])
+    return None
+
+
+def _cast(m: _Site) -> tuple[str, Value] | None:
+    x = m.ins[0]
+    if x.dtype == m.out.dtype:
+        return "cast-noop", x
+    p = m.producer(x)
+    if p is not None and p.op == "cast" and x.dtype.name in WIDENS.get(p.inputs[0].dtype.name, ()):
+        return "cast-cast", m.emit("cast", [p.inputs[0]], {"dtype": m.out.dtype})
+    return None
+
+
+RULES: dict[str, Callable[[_Site], tuple[str, Value] | None]] = {
+    "multiply": _multiply, "add": _add, "subtract": _subtract, "divide": _divide,
+    "negative": _negative, "power": _power, "cast": _cast}
 
 
 @register("simplify")
