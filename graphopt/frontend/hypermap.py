@@ -99,7 +99,7 @@ class MapTrace(traces.Trace):
         if ("copy", path) in self.by_key:
             return self.by_key[("copy", path)]
         n = v.node
-        if n is None or n.after or n.op not in _SCALAR_OPS or n.op == "constant" or \
+        if n is None or n.after or n.op not in _SCALAR_OPS or n.opdef.category == CONSTANT or \
                 len(n.outputs) != 1 or self.parent_readers(v) > 0 or \
                 any(x.shape not in ((), v.shape) for x in n.inputs):
             return self._input(("role", path), v.type)
@@ -133,7 +133,7 @@ class MapTrace(traces.Trace):
         if n is None or n.after or n.op not in _SCALAR_OPS or \
                 any(x.shape != () for x in n.inputs):
             return self._input(("shared", v), v.type)
-        if n.op == "constant":
+        if n.opdef.category == CONSTANT:
             out = self.graph.add_node("constant", [], n.attrs, loc=n.loc).out
         else:
             out = self.graph.add_node(n.op, [self._scalar(x) for x in n.inputs], n.attrs,
