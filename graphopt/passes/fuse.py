@@ -207,57 +207,11 @@ class _Fuser(Grouping):
     def build(self, g: Group) -> tuple[Node, dict[Value, Value], set[Value]]:
         """The kernel node for a group; outer value -> kernel output; values it absorbed."""
         inside = {id(n) for n in g.members}
-        body = Graph("kernel")
-        operands: list[Value] = []
-        env: dict[Value, Value] = {}
-
-        def element(v: Value) -> Value:
-            if v in env:
-                return env[v]
-            p = self.producer.get(v)
-            if _is_constant(p) and not isinstance(p.attrs["value"], np.ndarray):
-                t = TensorType((), v.dtype)  # a fill: one scalar, copied into the body
-                c = body.add_node("constant", [], {**p.attrs, "shape": ()}, out_types=[t],
-                                  loc=p.loc)
-                env[v] = c.out
-            elif p is not None and id(p) in self.inline:  # recomputed, see above
-                env[v] = body.add_node(p.op, [element(x) for x in p.inputs], p.attrs,
-                                       loc=p.loc).out
-            else:
-                operands.append(v)
-                env[v] = body.add_input("arg", f"x{len(operands) - 1}", TensorType((), v.dtype))
-            return env[v]
-
-        kinds: list[str] = []
-        results: list[Value] = []  # outer values the kernel outputs
-        stores: list[Value] = []
-        for n in g.members:
-            if n.opdef.has_effect:
-                target, value = element(n.inputs[0]), element(n.inputs[1])
-                stores.append(body.add_node("store", [target, value], loc=n.loc).out)
-            elif n.opdef.category == REDUCTION:
-                kinds.append(n.op)
-                results.append(n.out)
-                body.outputs.append(element(n.inputs[0]))
-            else:
-                env[n.out] = body.add_node(n.op, [element(v) for v in n.inputs], n.attrs,
-                                           loc=n.loc).out
-        for n in g.members:  # element results read outside the kernel leave it as "map"
-            if n.opdef.category == REDUCTION or n.opdef.has_effect:
-                continue
-            if read_outside(n.out, inside):
-                kinds.append("map")
-                results.append(n.out)
-                body.outputs.append(env[n.out])
-        body.effects = stores
-        after = []
-        for n in g.members:
-            for v in n.after:
-                p = self.producer.get(v)
-                if (p is None or id(p) not in inside) and v not in after and v not in operands:
-                    after.append(v)
-        k = Node("kernel", operands, {"spaces": [list(g.space)], "outputs": kinds, "shared": []},
-                 [], after, body=body)
+        body = _Body(self.producer, self.inline)
+        kinds, results = body.add(g.members, inside)
+        k = Node("kernel", body.operands,
+                 {"spaces": [list(g.space)], "outputs": kinds, "shared": []}, [],
+                 self._outer_after(g, inside, body.operands), body=body.graph)
         k.outputs = [Value(t, k, i) for i, t in enumerate(infer_types(k))]
         mapping = dict(zip(results, k.outputs))
         for n in g.members:
@@ -265,6 +219,17 @@ class _Fuser(Grouping):
                 mapping[n.out] = k.outputs[-1]
         absorbed = {v for n in g.members for v in n.outputs if v not in mapping}
         return k, mapping, absorbed
+
+    def _outer_after(self, g: Group, inside: set[int], operands: list[Value]) -> list[Value]:
+        """The members' after edges to nodes outside the group (once each; an operand is
+        ordered already)."""
+        after: list[Value] = []
+        for n in g.members:
+            for v in n.after:
+                p = self.producer.get(v)
+                if (p is None or id(p) not in inside) and v not in after and v not in operands:
+                    after.append(v)
+        return after
 
     def _needed(self, g: Group) -> bool:
         """Whether anything outside reads the group or it stores: a group nothing reads
@@ -289,6 +254,65 @@ class _Fuser(Grouping):
             mapping.update((v, k.outputs[0]) for v in absorbed)
         install(self.graph, kernel_of, mapping)
         return len(groups)
+
+
+class _Body:
+    """A kernel body being built from a group's nodes: each outer value it reads becomes an
+    operand (`arg %xi`), a fill (a scalar constant, copied in) or an inlined scalar
+    computation (recomputed per element rather than read; see _Fuser's inlining)."""
+
+    def __init__(self, producer: dict[Value, Node], inline: set[int]):
+        self.producer, self.inline = producer, inline
+        self.graph = Graph("kernel")
+        self.operands: list[Value] = []
+        self.env: dict[Value, Value] = {}  # outer value -> its element in the body
+
+    def element(self, v: Value) -> Value:
+        env, body = self.env, self.graph
+        if v in env:
+            return env[v]
+        p = self.producer.get(v)
+        if _is_constant(p) and not isinstance(p.attrs["value"], np.ndarray):
+            t = TensorType((), v.dtype)  # a fill: one scalar, copied into the body
+            env[v] = body.add_node("constant", [], {**p.attrs, "shape": ()}, out_types=[t],
+                                   loc=p.loc).out
+        elif p is not None and id(p) in self.inline:
+            env[v] = body.add_node(p.op, [self.element(x) for x in p.inputs], p.attrs,
+                                   loc=p.loc).out
+        else:
+            self.operands.append(v)
+            env[v] = body.add_input("arg", f"x{len(self.operands) - 1}",
+                                    TensorType((), v.dtype))
+        return env[v]
+
+    def add(self, members: list[Node], inside: set[int]) -> tuple[list[str], list[Value]]:
+        """The members as body nodes: an assign becomes a store, a reduction a reduced output,
+        an element value read outside the kernel a mapped output. The output kinds and the
+        outer values they stand for."""
+        body = self.graph
+        kinds: list[str] = []
+        results: list[Value] = []
+        stores: list[Value] = []
+        for n in members:
+            if n.opdef.has_effect:
+                target, value = self.element(n.inputs[0]), self.element(n.inputs[1])
+                stores.append(body.add_node("store", [target, value], loc=n.loc).out)
+            elif n.opdef.category == REDUCTION:
+                kinds.append(n.op)
+                results.append(n.out)
+                body.outputs.append(self.element(n.inputs[0]))
+            else:
+                self.env[n.out] = body.add_node(n.op, [self.element(v) for v in n.inputs],
+                                                n.attrs, loc=n.loc).out
+        for n in members:  # element results read outside the kernel leave it as "map"
+            if n.opdef.category == REDUCTION or n.opdef.has_effect:
+                continue
+            if read_outside(n.out, inside):
+                kinds.append("map")
+                results.append(n.out)
+                body.outputs.append(self.env[n.out])
+        body.effects = stores
+        return kinds, results
 
 
 @register("fuse")
