@@ -19,6 +19,7 @@ import os
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Sequence
 
+from .registry import REGISTRY, get_op
 from .types import TensorType, Type
 from .uses import Operands, Ordering, operands_property, replace_all_uses
 
@@ -122,8 +123,9 @@ class Node:
 
     @property
     def opdef(self) -> OpDef:
-        from .registry import get_op
-        return get_op(self.op)
+        """The op's declaration (passes ask for it on every node they look at: one lookup)."""
+        op = REGISTRY.get(self.op)
+        return op if op is not None else get_op(self.op)  # (an UnknownOpError)
 
     @property
     def out(self) -> Value:
