@@ -26,15 +26,35 @@ if TYPE_CHECKING:
     from .graph import Graph, Node, Value
 
 
+def _take(user: Node | Graph, values: Iterable[Value]) -> None:
+    """`user` reads each of `values` once more."""
+    for v in values:
+        users = v.users
+        if users is not None:
+            users[user] = users.get(user, 0) + 1
+
+
+def _drop(user: Node | Graph, values: Iterable[Value]) -> None:
+    """`user` reads each of `values` once less."""
+    for v in values:
+        users = v.users
+        if users is not None:
+            left = users[user] - 1
+            if left:
+                users[user] = left
+            else:
+                del users[user]
+
+
 def _edit(method):
     """A list method that may change which values the list holds, done between giving up
     every use and taking them again: simple, and exact, for edits that are rare."""
     def edit(self: Operands, *args):
-        self._drop(self)
+        _drop(self.user, self)
         try:
             return method(self, *args)
         finally:
-            self._take(self)
+            _take(self.user, self)
     edit.__name__ = method.__name__
     return edit
 
@@ -46,38 +66,21 @@ class Operands(list):
 
     @classmethod
     def of(cls, user: Node | Graph, values: Iterable[Value] = ()) -> Self:
+        """A list of what `user` reads, holding `values`."""
         ops = cls(values)
         ops.user = user
         if ops:
-            ops._take(ops)
+            _take(user, ops)
         return ops
-
-    def _take(self, values: Iterable[Value]) -> None:
-        user = self.user
-        for v in values:
-            users = v.users
-            if users is not None:
-                users[user] = users.get(user, 0) + 1
-
-    def _drop(self, values: Iterable[Value]) -> None:
-        user = self.user
-        for v in values:
-            users = v.users
-            if users is not None:
-                left = users[user] - 1
-                if left:
-                    users[user] = left
-                else:
-                    del users[user]
 
     def append(self, v: Value) -> None:
         super().append(v)
-        self._take((v,))
+        _take(self.user, (v,))
 
     def extend(self, values: Iterable[Value]) -> None:
         values = list(values)
         super().extend(values)
-        self._take(values)
+        _take(self.user, values)
 
     def __iadd__(self, values: Iterable[Value]) -> Self:  # type: ignore[override]
         self.extend(values)
@@ -85,7 +88,7 @@ class Operands(list):
 
     def clear(self) -> None:
         if self:  # (detach clears thousands of after lists, most of them empty)
-            self._drop(self)
+            _drop(self.user, self)
             super().clear()
 
     _set_slice = _edit(list.__setitem__)
@@ -96,8 +99,8 @@ class Operands(list):
             return
         old = self[i]
         super().__setitem__(i, value)
-        self._drop((old,))
-        self._take((value,))
+        _drop(self.user, (old,))
+        _take(self.user, (value,))
 
     __delitem__ = _edit(list.__delitem__)
     insert = _edit(list.insert)
