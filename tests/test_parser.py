@@ -388,3 +388,10 @@ def test_random_elementwise_chains_round_trip(data):
     roundtrip(g)
     g2 = roundtrip(g, locs=True)
     assert [n.loc for n in g2.nodes] == [n.loc for n in g.nodes]
+
+
+def test_an_input_named_like_a_number_keeps_the_results_apart():
+    # A node's result is numbered past any input of that name, so the text parses back.
+    text = "graph g {\n  arg %0: f32[2]\n  %1 = exp %0 : f32[2]\n  return %1\n}\n"
+    printed = str(parse(text))
+    assert "%0 = exp" not in printed and str(parse(printed)) == printed

@@ -78,6 +78,7 @@ class Namer:
 
     def __init__(self) -> None:
         self.names: dict[Value, str] = {}
+        self.taken: set[str] = set()
         self.counter = 0
 
     def define(self, v: Value) -> str:
@@ -87,10 +88,14 @@ class Namer:
             name = f"@{quote(v.name)}"
         elif v.kind == "arg":
             name = f"%{quote(v.name)}"
-        else:
+            self.taken.add(f"%{v.name}")  # the parser reads %"0" as %0
+        else:  # the next number no input is named (an `arg %0` keeps its name)
+            while f"%{self.counter}" in self.taken:
+                self.counter += 1
             name = f"%{self.counter}"
             self.counter += 1
         self.names[v] = name
+        self.taken.add(name)
         return name
 
     def __call__(self, v: Value) -> str:
