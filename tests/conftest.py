@@ -1,12 +1,7 @@
-import os
-import tempfile
 
 import numpy as np
 import pytest
 
-# Compiled kernels go to a cache of this test run, not to the user's ~/.cache/graphopt;
-# subprocesses started by tests inherit it.
-os.environ.setdefault("GRAPHOPT_CACHE_DIR", tempfile.mkdtemp(prefix="graphopt-test-cache-"))
 
 
 @pytest.fixture

@@ -59,3 +59,10 @@ def test_ir_doc_kernel_example_parses_verifies_and_prints_back():
     printed = str(graph).splitlines()
     assert printed[4] == "  " + head  # the cost comment too: the printer computes it
     assert printed[5:5 + len(lines) - 1] == ["  " + ln for ln in lines[1:]]
+
+
+def test_every_pass_has_an_example_in_the_passes_page():
+    from docblocks import DIRECTIVE
+    shown = {Path(m.group(2)).parent.name for m in DIRECTIVE.finditer(
+        (DOCS / "passes.md").read_text()) if m.group(1) == "example"}
+    assert {"dce", "cse", "fold", "simplify", "fuse", "hfuse"} <= shown
