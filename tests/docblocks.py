@@ -190,6 +190,13 @@ def _evaluator(language: str, title: str | None):
     return unmarked
 
 
+def _body(block: str) -> str:
+    """The text of a fenced block as written: sybil dedents it, which output must not be."""
+    fence, *lines, _ = block.split("\n")
+    indent = len(fence) - len(fence.lstrip())
+    return "".join(line[indent:] + "\n" for line in lines)
+
+
 def parse_blocks(document: Document) -> Iterable[Region]:
     """The regions of a page: pass examples first, then each fenced block outside them."""
     taken = []
@@ -205,7 +212,8 @@ def parse_blocks(document: Document) -> Iterable[Region]:
         lexemes = region.lexemes
         evaluator = _evaluator(lexemes["language"] or "", lexemes["title"])
         if evaluator is not None:
-            region.parsed = lexemes["source"]
+            region.parsed = lexemes["source"] if evaluator is run_python else _body(
+                document.text[region.start:region.end])
             region.evaluator = evaluator
             yield region
 

@@ -228,13 +228,15 @@ def test_networkx_body_region():
 
 
 # -- dump ---------------------------------------------------------------------------------------
-def test_dump_txt(tmp_path):
+@pytest.mark.parametrize("ext", ["txt", "gir"])
+def test_dump_text_parses_back(tmp_path, ext):
     g = sgd_graph()
-    out = export.dump(g, tmp_path / "step.txt")
-    assert out == tmp_path / "step.txt"
+    out = export.dump(g, tmp_path / f"step.{ext}")
+    assert out == tmp_path / f"step.{ext}"
     text = out.read_text()
     assert text.strip() == g.format(locs=True)
     assert 'loc("train.py":8)' in text
+    assert parse(text).format(locs=True) == text.strip()
 
 
 def test_dump_dot_and_gv(tmp_path):
@@ -261,7 +263,7 @@ def test_dump_png(tmp_path):
 
 
 def test_dump_unknown_extension(tmp_path):
-    with pytest.raises(GraphoptError, match=r"\.html.*supported: \.txt, \.dot, \.gv, \.svg"):
+    with pytest.raises(GraphoptError, match=r"\.html.*supported: \.gir, \.txt, \.dot, \.gv, \.svg"):
         export.dump(sgd_graph(), tmp_path / "step.html")
     assert not (tmp_path / "step.html").exists()
 

@@ -38,7 +38,7 @@ MAX_LABEL = 40      # longer labels are cut, so one big constant cannot stretch 
 MAX_EDGE_LABEL = 16  # edge labels (types) longer than this are left off
 NL = "\\n"  # DOT's own line break, so each graphviz node stays on one line of the source
 RENDER_FORMATS = ("svg", "png", "pdf")
-TEXT_FORMATS = ("txt", "dot", "gv")
+TEXT_FORMATS = ("gir", "txt", "dot", "gv")
 
 
 def op_color(op: str) -> str:
@@ -218,12 +218,12 @@ INSTALL_HINT = ("install Graphviz: `apt install graphviz` (Debian/Ubuntu), "
 def dump(graph: Graph, path: str | Path) -> Path:
     """Write the graph to `path`, in the format its extension names; return the path.
 
-    .txt: the text form with source locations; .dot/.gv: DOT source; .svg/.png/.pdf: a
+    .gir/.txt: the text form with source locations (it parses back); .dot/.gv: DOT source; .svg/.png/.pdf: a
     drawing made by the Graphviz `dot` program (exactly this one file is written).
     """
     path = Path(path)
     ext = path.suffix.lower().lstrip(".")
-    if ext == "txt":
+    if ext in ("gir", "txt"):
         path.write_text(graph.format(locs=True) + "\n", encoding="utf-8")
     elif ext in ("dot", "gv"):
         path.write_text(to_dot(graph).source, encoding="utf-8")
