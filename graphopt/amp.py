@@ -71,6 +71,8 @@ class LossScaler(metaclass=CheckedArguments):
         """Adapt the scale after a step (nothing, for a static scale)."""
 
     def skip_nonfinite(self) -> bool:
+        """Whether `step` leaves everything unchanged when a gradient is inf or NaN (always,
+        for a dynamic scale)."""
         return True
 
     def step(self, opt: Any, grads: Grads) -> Tensor:
@@ -102,9 +104,15 @@ class StaticLossScaler(LossScaler):
         self.drop_overflow_update = bool(drop_overflow_update)
 
     def skip_nonfinite(self) -> bool:
+        """`drop_overflow_update`: False applies a step even when a gradient is inf or NaN."""
         return self.drop_overflow_update
 
     def set_scale(self, scale: float) -> None:
+        """Store a new scale, read by the steps that follow (call it between steps).
+
+        Raises:
+            OptimizerError: the scale is not a finite number > 0 in f32.
+        """
         assign(self.loss_scale, check_scale(scale, "StaticLossScaler"))
 
 
@@ -149,9 +157,12 @@ class DynamicLossScaler(LossScaler):
         assign(tracker, new_tracker)
 
     def parameters(self) -> list[Parameter]:
+        """The Parameters to checkpoint: the scale and the growth tracker."""
         return [self.loss_scale, self.growth_tracker]
 
     def check_loaded(self, values: Mapping[str, np.ndarray]) -> None:
+        """Values a checkpoint would load (by name): a scale finite and > 0, and a growth
+        tracker in [0, growth_interval). Raises OptimizerError naming the entry."""
         super().check_loaded(values)
         check_count(values, self.growth_tracker, below=self.growth_interval)
 

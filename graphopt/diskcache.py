@@ -122,6 +122,8 @@ def summarize(value: str) -> str | dict:
 
 
 def describe(parts: Mapping[str, str]) -> dict[str, str | dict]:
+    """The description stored in an entry's header: each part by name, in sorted order,
+    summarized (`summarize`)."""
     return {name: summarize(parts[name]) for name in sorted(parts)}
 
 
@@ -443,6 +445,9 @@ def clear() -> int:
 
 
 def info() -> dict:
+    """What `graphopt cache info` shows: the directory's path, whether the cache is on, the
+    number of entries and their bytes, the size bound, and whether the directory is safe to
+    use ("ok", or why not)."""
     d = location()
     found = entries(d, descriptions=False)
     try:

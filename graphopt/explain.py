@@ -20,6 +20,18 @@ from .passes.manager import PipelineResult
 
 def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
                   fastmath: bool = False, out: TextIO | None = None) -> PipelineResult:
+    """Run the pipeline on a graph and print what each pass did, what fuse and hfuse refused
+    and why, the resulting graph, and the LLVM backend's target.
+
+    Args:
+        graph: the graph (not changed: the passes rewrite a copy).
+        passes: the pipeline, as `passes.run` takes it; None is the default pipeline.
+        fastmath: allow rewrites that are only algebraically exact.
+        out: where to print (default sys.stdout).
+
+    Returns:
+        The PipelineResult, with a diff of the text IR in each pass's stats.
+    """
     out = out or sys.stdout
     result = run(graph, passes, fastmath=fastmath, diffs=True)
     for s in result.stats:
@@ -42,6 +54,20 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
 
 def explain(fn: Callable, *args: Any, passes: str | Iterable[str] | None = None,
             fastmath: bool = False, out: TextIO | None = None, **kwargs: Any) -> PipelineResult:
-    """Trace `fn` on these arguments and explain what the pass pipeline does to it."""
+    """Trace `fn` on these arguments and print what the pass pipeline does to its graph
+    (see `explain_graph`); a jitted function is traced as its Python function. Nothing is
+    compiled, and no step runs.
+
+    Args:
+        fn: a step function or a JittedFunction.
+        *args: example arguments, as the step would be called with.
+        passes: the pipeline; None is the default pipeline.
+        fastmath: allow rewrites that are only algebraically exact.
+        out: where to print (default sys.stdout).
+        **kwargs: example keyword arguments.
+
+    Returns:
+        The PipelineResult of the passes.
+    """
     graph = trace_function(getattr(fn, "fn", fn), args, kwargs).graph.verify()
     return explain_graph(graph, passes, fastmath=fastmath, out=out)

@@ -43,54 +43,55 @@ def _to_dtype(dtype: Any, what: str = "dtype"):
     return checks.dtype(dtype, what, _error)
 
 
-def _binary(name: str):
+def _binary(name: str, doc: str):
+    """The function of a two-input elementwise op; `doc` says what it computes."""
     def op(x: Any, y: Any) -> Tensor:
         return bind(name, [x, y])
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Elementwise {name} with numpy broadcasting."
+    op.__doc__ = f"{doc}, elementwise, with numpy broadcasting."
     return op
 
 
-def _unary(name: str):
+def _unary(name: str, doc: str):
+    """The function of a one-input elementwise op; `doc` says what it computes."""
     def op(x: Any) -> Tensor:
         return bind(name, [x])
     op.__name__ = op.__qualname__ = name
-    op.__doc__ = f"Elementwise {name}."
+    op.__doc__ = f"{doc}, elementwise."
     return op
 
 
-add = _binary("add")
-subtract = _binary("subtract")
-multiply = _binary("multiply")
-divide = _binary("divide")
-power = _binary("power")
-maximum = _binary("maximum")
-minimum = _binary("minimum")
-less = _binary("less")
-less_equal = _binary("less_equal")
-greater = _binary("greater")
-greater_equal = _binary("greater_equal")
-equal = _binary("equal")
-not_equal = _binary("not_equal")
-logical_and = _binary("logical_and")
-logical_or = _binary("logical_or")
-negative = _unary("negative")
-abs = _unary("abs")
-sign = _unary("sign")
-sqrt = _unary("sqrt")
-rsqrt = _unary("rsqrt")
-exp = _unary("exp")
-log = _unary("log")
-sin = _unary("sin")
-cos = _unary("cos")
-isfinite = _unary("isfinite")
-logical_not = _unary("logical_not")
-relu = _unary("relu")
-tanh = _unary("tanh")
-sigmoid = _unary("sigmoid")
-softplus = _unary("softplus")
-gelu = _unary("gelu")
-gelu.__doc__ = "GELU, tanh approximation: 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))."
+add = _binary("add", "x + y")
+subtract = _binary("subtract", "x - y")
+multiply = _binary("multiply", "x * y")
+divide = _binary("divide", "x / y, for float dtypes")
+power = _binary("power", "x ** y")
+maximum = _binary("maximum", "The larger of x and y, NaN where either is NaN (as numpy.maximum)")
+minimum = _binary("minimum", "The smaller of x and y, NaN where either is NaN (as numpy.minimum)")
+less = _binary("less", "x < y, as a bool tensor")
+less_equal = _binary("less_equal", "x <= y, as a bool tensor")
+greater = _binary("greater", "x > y, as a bool tensor")
+greater_equal = _binary("greater_equal", "x >= y, as a bool tensor")
+equal = _binary("equal", "x == y, as a bool tensor")
+not_equal = _binary("not_equal", "x != y, as a bool tensor")
+logical_and = _binary("logical_and", "x and y, for bool tensors")
+logical_or = _binary("logical_or", "x or y, for bool tensors")
+negative = _unary("negative", "-x")
+abs = _unary("abs", "|x|")
+sign = _unary("sign", "-1, 0 or 1 by the sign of x; its gradient is 0")
+sqrt = _unary("sqrt", "The square root of x, for float dtypes")
+rsqrt = _unary("rsqrt", "1 / sqrt(x), for float dtypes")
+exp = _unary("exp", "e ** x, for float dtypes")
+log = _unary("log", "The natural logarithm of x, for float dtypes")
+sin = _unary("sin", "sin(x), for float dtypes")
+cos = _unary("cos", "cos(x), for float dtypes")
+isfinite = _unary("isfinite", "True where x is neither inf nor NaN, as a bool tensor")
+logical_not = _unary("logical_not", "not x, for bool tensors")
+relu = _unary("relu", "max(x, 0); its gradient at 0 is 0")
+tanh = _unary("tanh", "tanh(x), for float dtypes")
+sigmoid = _unary("sigmoid", "1 / (1 + exp(-x)), computed without overflow, for float dtypes")
+softplus = _unary("softplus", "log(1 + exp(x)), computed without overflow, for float dtypes")
+gelu = _unary("gelu", "GELU, the tanh form 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))")
 
 
 def where(cond: Any, x: Any, y: Any) -> Tensor:
@@ -99,7 +100,8 @@ def where(cond: Any, x: Any, y: Any) -> Tensor:
 
 
 def cast(x: Any, dtype: Any) -> Tensor:
-    """x converted to dtype (also `x.astype(dtype)`)."""
+    """x converted to dtype (also `x.astype(dtype)`); floats become ints by truncation
+    toward zero, as in numpy."""
     return bind("cast", [x], {"dtype": _to_dtype(dtype, "cast: dtype")})
 
 
@@ -119,19 +121,21 @@ def _axes(x: Any, axis: int | Sequence[int] | None, op: str = "axis") -> tuple[i
 
 
 def sum(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-    """Sum over `axis` (all axes by default)."""
+    """Sum over `axis`: an int, a sequence of ints, or None for every axis. With
+    `keepdims` each reduced axis stays, with size 1."""
     return bind("sum", [x], {"axes": _axes(x, axis, "sum"),
                              "keepdims": checks.flag(keepdims, "sum: keepdims", _error)})
 
 
 def max(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-    """Maximum over `axis` (all axes by default)."""
+    """Maximum over `axis` (every axis by default); `keepdims` as in `sum`."""
     return bind("max", [x], {"axes": _axes(x, axis, "max"),
                              "keepdims": checks.flag(keepdims, "max: keepdims", _error)})
 
 
 def mean(x: Any, axis: int | Sequence[int] | None = None, keepdims: bool = False) -> Tensor:
-    """Mean over `axis` (all axes by default); float dtypes only."""
+    """Mean over `axis` (every axis by default), for float dtypes; `keepdims` as in
+    `sum`."""
     return bind("mean", [x], {"axes": _axes(x, axis, "mean"),
                              "keepdims": checks.flag(keepdims, "mean: keepdims", _error)})
 
@@ -148,6 +152,11 @@ def reshape(x: Any, shape: int | Sequence[int]) -> Tensor:
 
 
 def broadcast_to(x: Any, shape: Sequence[int]) -> Tensor:
+    """x repeated to `shape` by numpy's broadcasting rules (a view: no data is copied).
+
+    Raises:
+        OpTypeError: x's shape does not broadcast to `shape`.
+    """
     return bind("broadcast_to", [x], {"shape": checks.shape(shape, "broadcast_to: shape", _error)})
 
 
@@ -217,6 +226,19 @@ def matmul(x: Any, y: Any) -> Tensor:
 
 
 def full(shape: int | Sequence[int], value: builtins.float | int | bool, dtype: Any = f32) -> Tensor:
+    """A constant tensor of `shape`, every element `value`.
+
+    Args:
+        shape: an int or a sequence of ints >= 0.
+        value: a Python number that is a value of `dtype`: any number for a float dtype
+            (rounded to it), an integer in range for an int dtype, 0, 1, True or False for
+            bool.
+        dtype: a graphopt dtype, its name ("f32") or a numpy dtype.
+
+    Raises:
+        OpTypeError: a bad shape, a dtype graphopt does not have, a value that is not one of
+            the dtype's, or a tensor too large to allocate.
+    """
     shape = checks.shape(shape, "full: shape", _error)
     d = _to_dtype(dtype, "full: dtype")
     checks.nbytes(shape, d, "full: shape", _error)
@@ -225,22 +247,28 @@ def full(shape: int | Sequence[int], value: builtins.float | int | bool, dtype: 
 
 
 def zeros(shape: int | Sequence[int], dtype: Any = f32) -> Tensor:
+    """`full(shape, 0, dtype)`."""
     return full(shape, 0, dtype)
 
 
 def ones(shape: int | Sequence[int], dtype: Any = f32) -> Tensor:
+    """`full(shape, 1, dtype)`."""
     return full(shape, 1, dtype)
 
 
 def full_like(x: Any, value: builtins.float | int | bool, dtype: Any = None) -> Tensor:
+    """A constant tensor of x's shape filled with `value`, in `dtype` (by default x's). Only
+    x's type is read, not its values."""
     return full(_shape(x), value, dtype or _dtype(x))
 
 
 def zeros_like(x: Any, dtype: Any = None) -> Tensor:
+    """`full_like(x, 0, dtype)`."""
     return full_like(x, 0, dtype)
 
 
 def ones_like(x: Any, dtype: Any = None) -> Tensor:
+    """`full_like(x, 1, dtype)`."""
     return full_like(x, 1, dtype)
 
 

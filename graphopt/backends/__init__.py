@@ -19,6 +19,12 @@ BACKENDS = {"interpreter": "graphopt.backends.interpreter", "llvm": "graphopt.ba
 
 
 def get_backend(name: str) -> Backend:
+    """The backend module of a name in BACKENDS, imported on first use (llvmlite loads only
+    when the LLVM backend is asked for).
+
+    Raises:
+        BackendError: an unknown name; the message lists the known ones.
+    """
     try:
         module = importlib.import_module(BACKENDS[name])  # llvmlite loads only when used
     except KeyError:

@@ -37,7 +37,18 @@ class Backend(Protocol):
     """A backend module (backends/__init__.py names them)."""
 
     def compile(self, graph: Graph, *, fastmath: bool = False, cache: bool = True
-                ) -> Program: ...
+                ) -> Program:
+        """Prepare a verified graph to run.
+
+        Args:
+            graph: the graph after the passes; the program keeps it.
+            fastmath: fast-math flags for compiled code (the interpreter ignores it).
+            cache: whether compiled code may come from and go to the disk cache.
+
+        Returns:
+            A Program whose `run` the Executable calls once per step.
+        """
+        ...
 
     def target(self) -> str:
         """The switches its programs depend on (the LLVM backend's GRAPHOPT_CPU), so that

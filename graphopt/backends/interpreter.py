@@ -35,6 +35,7 @@ class InterpreterProgram:
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
                                                             dict[str, np.ndarray]]:
+        """The graph's outputs, and the new value of each assigned parameter (see `run`)."""
         return run(self.graph, inputs, self.nodes)
 
 
@@ -44,4 +45,6 @@ def target() -> str:
 
 
 def compile(graph: Graph, *, fastmath: bool = False, cache: bool = True) -> InterpreterProgram:
+    """The interpreter's program for a graph: nothing is compiled, and `fastmath` and
+    `cache` change nothing."""
     return InterpreterProgram(graph)

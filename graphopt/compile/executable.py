@@ -25,6 +25,20 @@ from .exclusion import InterruptsDeferred
 
 
 class Executable:
+    """A compiled step: the graph after the passes, and the backend's program for it.
+
+    `JittedFunction` builds one per signature (`step.lower(...)` returns it). Calling it
+    runs the whole graph and updates the Parameters in place; a call is atomic (see the
+    module docstring).
+
+    Attributes:
+        traced_graph: the graph as traced, before any pass.
+        graph: the graph that runs, after the passes (verified).
+        pass_result: the PipelineResult of the passes: statistics and refusals.
+        program: the backend's program.
+        last_step_seconds: the time the last call took to run, None before the first.
+    """
+
     def __init__(self, fn: Callable, traced: Traced, backend: str,
                  passes: str | Sequence[str] | None = None, fastmath: bool = False,
                  cache: bool = True):
@@ -57,6 +71,14 @@ class Executable:
         self.last_step_seconds: float | None = None
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
+        """Run the step on arguments of the structure it was compiled for; return its
+        results as numpy arrays, in the structure the function returned them.
+
+        Raises:
+            SignatureError: arguments of another structure, shape, dtype or layout.
+            AliasingError: an argument views a Parameter buffer the step updates.
+            ExecutionError: a node failed; no Parameter was changed.
+        """
         leaves, paths, tree = pytree.flatten(bind_arguments(self.fn, args, kwargs))
         pytree.check_same(self._in_tree, tree, getattr(self.fn, "__name__", "step"))
         return self.run(leaves, paths)

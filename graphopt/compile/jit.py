@@ -25,6 +25,8 @@ from .executable import Executable
 
 @dataclass(frozen=True)
 class CacheInfo:
+    """The counters of one jitted function (`JittedFunction.cache_info()`)."""
+
     traces: int  # how many times the function was traced
     compiles: int  # how many Executables were built
     hits: int  # calls that reused a compiled step
@@ -84,6 +86,21 @@ class _LastCall:
 
 
 class JittedFunction:
+    """A step function compiled by `jit`: call it as the function itself.
+
+    The first call with a given signature (the argument structure, each array's shape and
+    dtype, each scalar's Python type, each Parameter's identity) traces the function and
+    builds an Executable; later calls with that signature run it. A call from inside
+    another traced function runs the Python function inline instead.
+
+    Attributes:
+        fn: the Python function.
+        backend: the backend's name.
+        passes: the pass pipeline, as a list of names.
+        fastmath: whether fast-math rewrites and flags are on.
+        cache: whether compiled kernels use the disk cache.
+    """
+
     def __init__(self, fn: Callable, backend: str | None = None,
                  passes: str | Sequence[str] | None = None, fastmath: bool = False,
                  cache: bool = True):
@@ -149,11 +166,13 @@ class JittedFunction:
         exe, leaves, paths, checked = self._lookup(args, kwargs)
         return exe.run(leaves, paths, matched=True, checked=checked)
 
-    def lower(self, *args: Any, **kwargs: Any):
+    def lower(self, *args: Any, **kwargs: Any) -> Executable:
         """The compiled step for these arguments (compiling it if needed); `.graph` shows it."""
         return self._lookup(args, kwargs)[0]
 
     def cache_info(self) -> CacheInfo:
+        """How often the function was traced and compiled, how many calls reused a compiled
+        step, and how many compiled steps it keeps."""
         return CacheInfo(self._traces, self._compiles, self._hits, len(self._cache))
 
 
@@ -161,13 +180,26 @@ def jit(fn: Callable | None = None, *, backend: str | None = None,
         passes: str | Sequence[str] | None = None, fastmath: bool = False, cache: bool = True):
     """Compile a step function: `@jit`, `@jit(backend=..., passes=...)` or `jit(fn, ...)`.
 
-    `backend` is "llvm" (native kernels; the default, see GRAPHOPT_BACKEND) or
-    "interpreter" (numpy, the reference semantics).
+    Nothing is traced until the first call (see JittedFunction).
 
-    `passes` is the pipeline (names, or "dce,cse,..."); None means the default pipeline
-    (graphopt.passes.DEFAULT_PIPELINE) and "" none. `fastmath` allows rewrites that are only
-    algebraically exact (see passes/simplify.py) and fast-math flags in compiled kernels.
-    `cache=False` keeps compiled kernels out of the disk cache."""
+    Args:
+        fn: the step function; without it, jit returns a decorator.
+        backend: "llvm" (native kernels; the default, see GRAPHOPT_BACKEND) or
+            "interpreter" (numpy, the reference semantics).
+        passes: the pipeline (a list of names, or "dce,cse,..."); None means
+            graphopt.passes.DEFAULT_PIPELINE and "" no pass.
+        fastmath: allow rewrites that are only algebraically exact (see
+            passes/simplify.py) and fast-math flags in compiled kernels.
+        cache: False keeps compiled kernels out of the disk cache.
+
+    Returns:
+        A JittedFunction (or, without `fn`, a decorator that makes one).
+
+    Raises:
+        ArgumentError: fn is not callable, or an argument of the wrong kind.
+        BackendError: an unknown backend.
+        PassError: an unknown pass name.
+    """
     if fn is None:
         return lambda f: JittedFunction(f, backend, passes, fastmath, cache)
     return JittedFunction(fn, backend, passes, fastmath, cache)

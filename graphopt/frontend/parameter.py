@@ -27,15 +27,39 @@ _TAKEN: weakref.WeakValueDictionary[int, Parameter] = weakref.WeakValueDictionar
 
 
 class Parameter(Tensor):
+    """Persistent state of a step: a named array that keeps its value between calls.
+
+    A step reads a Parameter like any tensor (the graph reads it as `@name`) and changes it
+    only with `assign`; a compiled step updates its buffer in place. The name is how IR
+    dumps, checkpoints and caches refer to it, so the Parameters of one graph need distinct
+    names.
+    """
+
     __slots__ = ("name", "_value", "_type", "_exposed", "__weakref__")
 
     def __init__(self, value: Any, name: str | None = None, dtype: Any = None,
                  copy: bool = True, offset: int | None = None):
-        """The value is copied into a buffer of the Parameter's own, placed by
-        graphopt.memory (64-byte aligned; a large one at `offset` in its page, default the
-        next free slot). `copy=False` takes `value` as the buffer instead when it is a numpy
-        array nobody else views (C-contiguous, owning its memory, of the dtype), as a
-        freshly made one is; anything else is copied as usual."""
+        """Make a Parameter holding a copy of `value`.
+
+        The value is copied into a buffer of the Parameter's own, placed by graphopt.memory
+        (64-byte aligned).
+
+        Args:
+            value: an array, or anything numpy makes one of.
+            name: letters, digits, '_' and '.', starting with a letter or '_'; by default
+                `param<n>`.
+            dtype: the dtype to store (default: the value's); an int or bool dtype refuses
+                a value it does not hold exactly (NaN, inf, a fraction, out of range).
+            copy: False takes `value` itself as the buffer when it is a numpy array nobody
+                else views (C-contiguous, owning its memory, writeable, of the dtype), as a
+                freshly made one is; anything else is copied as usual.
+            offset: where a large buffer starts in its page, a multiple of
+                graphopt.memory.ALIGN; default the next free slot.
+
+        Raises:
+            ParameterError: a bad name, dtype, value or offset.
+            AliasingError: with copy=False, the array is already another Parameter's buffer.
+        """
         error = _error(name)
         a = np.asarray(value)
         try:
@@ -71,7 +95,13 @@ class Parameter(Tensor):
     def full(cls, shape: Any, fill: Any, dtype: Any, name: str | None = None,
              offset: int | None = None) -> Parameter:
         """A new Parameter of `shape` filled with `fill`, in a buffer placed by
-        graphopt.memory (optimizer state: `offset=memory.offset_after(param, k)`)."""
+        graphopt.memory, without making the array first (optimizer state is made so, with
+        `offset=memory.offset_after(param, k)`).
+
+        Raises:
+            ParameterError: a bad shape, dtype, fill value, name or offset, or a size that
+                cannot be allocated.
+        """
         error = _error(name)
         dims = checks.shape(shape, "shape", error)
         dt = checks.dtype(dtype, "dtype", error)
@@ -103,6 +133,7 @@ class Parameter(Tensor):
 
     @property
     def type(self) -> TensorType:  # type: ignore[override]
+        """Its shape and dtype, fixed when it is made."""
         return self._type
 
     def numpy(self) -> np.ndarray:

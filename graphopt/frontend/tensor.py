@@ -39,18 +39,22 @@ class Tensor:
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The static shape; `()` for a scalar."""
         return self.type.shape
 
     @property
     def dtype(self) -> DType:
+        """The graphopt dtype (f32, i64, bool, ...)."""
         return self.type.dtype
 
     @property
     def ndim(self) -> int:
+        """The number of axes."""
         return len(self.type.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return self.type.size
 
     def __len__(self) -> int:
@@ -95,22 +99,38 @@ class Tensor:
                           "x[key] = value, and assign(p, ...) to change a Parameter",
                           loc=user_location())
 
-    def sum(self, axis=None, keepdims: bool = False): return ops.sum(self, axis, keepdims)
-    def mean(self, axis=None, keepdims: bool = False): return ops.mean(self, axis, keepdims)
-    def max(self, axis=None, keepdims: bool = False): return ops.max(self, axis, keepdims)
-    def astype(self, dtype: Any): return ops.cast(self, dtype)
+    def sum(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """`graphopt.ops.sum(self, axis, keepdims)`."""
+        return ops.sum(self, axis, keepdims)
+
+    def mean(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """`graphopt.ops.mean(self, axis, keepdims)`."""
+        return ops.mean(self, axis, keepdims)
+
+    def max(self, axis: Any = None, keepdims: bool = False) -> Tensor:
+        """`graphopt.ops.max(self, axis, keepdims)`."""
+        return ops.max(self, axis, keepdims)
+
+    def astype(self, dtype: Any) -> Tensor:
+        """`graphopt.ops.cast(self, dtype)`."""
+        return ops.cast(self, dtype)
 
     # x.reshape(2, 3) and x.reshape((2, 3)) alike; a numpy integer counts as one int.
-    def reshape(self, *shape):
+    def reshape(self, *shape: Any) -> Tensor:
+        """`graphopt.ops.reshape`, with the shape as one sequence or as separate ints
+        (`x.reshape(2, 3)` is `x.reshape((2, 3))`)."""
         return ops.reshape(self, shape[0] if len(shape) == 1 and
                            not isinstance(shape[0], (int, np.integer)) else shape)
 
-    def transpose(self, *axes):
+    def transpose(self, *axes: Any) -> Tensor:
+        """`graphopt.ops.transpose`, with the axes as one sequence or as separate ints; no
+        axes reverses them."""
         return ops.transpose(self, axes[0] if len(axes) == 1 and
                              not isinstance(axes[0], (int, np.integer)) else (axes or None))
 
     @property
-    def T(self):
+    def T(self) -> Tensor:
+        """The tensor with its axes reversed (`graphopt.ops.transpose(self)`)."""
         return ops.transpose(self)
 
 
@@ -127,6 +147,7 @@ class TracedTensor(Tensor):
 
     @property
     def type(self) -> TensorType:  # type: ignore[override]
+        """The type of the IR value it stands for."""
         return self.value.type  # type: ignore[return-value]
 
     def _no_value(self, what: str) -> TracerBoolError:
@@ -158,9 +179,11 @@ class EagerTensor(Tensor):
 
     @property
     def type(self) -> TensorType:  # type: ignore[override]
+        """The shape and dtype of its array."""
         return TensorType(self.array.shape, to_dtype(self.array.dtype))
 
     def numpy(self) -> np.ndarray:
+        """A copy of its array."""
         return self.array.copy()
 
     def __array__(self, dtype=None, copy=None):

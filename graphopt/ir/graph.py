@@ -20,7 +20,7 @@ from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any, ClassVar, Iterable, Iterator, Sequence
 
 from .registry import REGISTRY, get_op
-from .types import TensorType, Type
+from .types import DType, TensorType, Type
 from .uses import Operands, Ordering, operands_property, replace_all_uses
 
 if TYPE_CHECKING:
@@ -41,6 +41,8 @@ class Location:
     phase: ClassVar[str] = "forward"
 
     def full(self) -> str:
+        """`file:line` with the whole path, as error messages start (the IR prints the base
+        name only)."""
         return f"{self.file}:{self.line}"
 
     def __str__(self) -> str:
@@ -76,19 +78,23 @@ class Value:
 
     @property
     def is_param(self) -> bool:
+        """Whether it is a `param` input (a Parameter, `@name`)."""
         return self.kind == "param"
 
     @property
     def is_input(self) -> bool:
+        """Whether it is a graph input (`param` or `arg`) rather than a node's output."""
         return self.kind is not None
 
     @property
     def shape(self) -> tuple[int, ...]:
+        """The shape of a tensor value (not of a token)."""
         assert isinstance(self.type, TensorType)
         return self.type.shape
 
     @property
-    def dtype(self):
+    def dtype(self) -> DType:
+        """The dtype of a tensor value (not of a token)."""
         assert isinstance(self.type, TensorType)
         return self.type.dtype
 
@@ -167,6 +173,8 @@ class Graph:
 
     # -- building ---------------------------------------------------------------------------
     def add_input(self, kind: str, name: str, type: Type) -> Value:
+        """Append an input: kind "param" (a Parameter, read as `@name`) or "arg" (an
+        argument of the step, `%name`); return its Value."""
         assert kind in ("param", "arg")
         v = Value(type, kind=kind, name=name)
         self.inputs.append(v)
@@ -203,22 +211,27 @@ class Graph:
     # -- reading ----------------------------------------------------------------------------
     @property
     def params(self) -> list[Value]:
+        """The `param` inputs, in order."""
         return [v for v in self.inputs if v.kind == "param"]
 
     @property
     def args(self) -> list[Value]:
+        """The `arg` inputs, in order."""
         return [v for v in self.inputs if v.kind == "arg"]
 
     def param(self, name: str) -> Value:
+        """The `param` input `@name`; KeyError if there is none."""
         for v in self.inputs:
             if v.kind == "param" and v.name == name:
                 return v
         raise KeyError(f"graph {self.name} has no parameter @{name}")
 
     def assigns(self) -> list[Node]:
+        """The `assign` nodes, in order (a kernel's stores are not among them)."""
         return [n for n in self.nodes if n.op == "assign"]
 
     def returned(self) -> Iterable[Value]:
+        """Every value the return reads: the outputs, then the effect tokens."""
         yield from self._outputs
         yield from self._effects
 
@@ -228,6 +241,7 @@ class Graph:
 
     # -- showing ----------------------------------------------------------------------------
     def format(self, *, locs: bool = False) -> str:
+        """The text form (`str(graph)`); `locs=True` adds each node's source location."""
         from .printer import format_graph
         return format_graph(self, locs=locs)
 
@@ -238,14 +252,21 @@ class Graph:
         return f"<Graph {self.name}: {len(self.inputs)} inputs, {len(self.nodes)} nodes>"
 
     def verify(self) -> Graph:
+        """Check every IR rule (graphopt.ir.verifier); return the graph itself.
+
+        Raises:
+            VerifyError: the first rule the graph breaks, naming the rule and the node.
+        """
         from .verifier import verify
         verify(self)
         return self
 
     def to_dot(self) -> graphviz.Digraph:
+        """A graphviz drawing of the graph (see graphopt.ir.export.to_dot)."""
         from .export import to_dot
         return to_dot(self)
 
     def to_networkx(self) -> networkx.MultiDiGraph:
+        """The graph as a networkx MultiDiGraph (see graphopt.ir.export.to_networkx)."""
         from .export import to_networkx
         return to_networkx(self)

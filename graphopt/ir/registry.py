@@ -136,6 +136,8 @@ REGISTRY: dict[str, OpDef] = {}
 
 
 def register(op: OpDef) -> OpDef:
+    """Add an op to the registry and return it. Each name is declared once, in a known
+    category, with a kind for each attribute (asserted)."""
     assert op.category in CATEGORIES, op.category
     assert op.name not in REGISTRY, f"op {op.name} declared twice"
     assert len(op.attr_kinds) == len(op.attrs), f"op {op.name}: declare a kind per attribute"
@@ -148,6 +150,11 @@ class UnknownOpError(GraphoptError, KeyError):
 
 
 def get_op(name: str) -> OpDef:
+    """The declaration of the op `name`.
+
+    Raises:
+        UnknownOpError: no op has that name; the message lists the known ones.
+    """
     try:
         return REGISTRY[name]
     except KeyError:

@@ -25,18 +25,22 @@ class DType:
 
     @property
     def itemsize(self) -> int:
+        """Bytes per element."""
         return self.np_dtype.itemsize
 
     @property
     def is_float(self) -> bool:
+        """Whether it is f16, bf16, f32 or f64."""
         return self.kind == "float"
 
     @property
     def is_int(self) -> bool:
+        """Whether it is i32 or i64."""
         return self.kind == "int"
 
     @property
     def dtype(self) -> np.dtype:
+        """The numpy dtype, so that numpy takes a DType as a dtype."""
         # numpy accepts any object with a `.dtype` as a dtype: np.zeros(3, graphopt.f32) works.
         return self.np_dtype
 
@@ -78,6 +82,9 @@ def to_dtype(x: object) -> DType:
 
 @dataclass(frozen=True)
 class TensorType:
+    """The type of a tensor value: a static shape (`()` for a scalar) and a dtype. It prints
+    as the IR writes it, `f32[4,3]`."""
+
     shape: tuple[int, ...]
     dtype: DType
 
@@ -86,14 +93,17 @@ class TensorType:
 
     @property
     def ndim(self) -> int:
+        """The number of axes."""
         return len(self.shape)
 
     @property
     def size(self) -> int:
+        """The number of elements."""
         return math.prod(self.shape)
 
     @property
     def nbytes(self) -> int:
+        """The bytes of its elements."""
         return self.size * self.dtype.itemsize
 
     def __str__(self) -> str:

@@ -45,10 +45,12 @@ class Accumulate(metaclass=CheckedArguments):
 
     @property
     def params(self) -> list[Parameter]:
+        """The wrapped optimizer's parameters: the order of a gradient sequence."""
         return self.opt.params
 
     @property
     def param_groups(self) -> list[Any]:
+        """The wrapped optimizer's parameter groups."""
         return self.opt.param_groups
 
     def step(self, grads: Sequence[Any] | Mapping[str, Any], where: Any = None) -> Tensor:

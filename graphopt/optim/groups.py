@@ -111,13 +111,18 @@ class ParamGroup(MutableMapping):
         return self._fixed[key]
 
     def is_data(self, key: str) -> bool:
+        """Whether `key` is a data hyper-parameter: a number held in scalar Parameters that
+        may change between steps (not a flag, an init value or an lr schedule)."""
         return key in self._data
 
     def hyper_parameters(self) -> list[Parameter]:
+        """The scalar f64 Parameters of the group's data hyper-parameters (a pair such as
+        betas gives two), for checkpoints."""
         return [p for ps in self._data.values() for p in ps]
 
     @property
     def label(self) -> str:
+        """How errors name the group: the optimizer, the index and its first parameters."""
         names = ", ".join(p.name for p in self.params[:3])
         more = f", ... ({len(self.params)} parameters)" if len(self.params) > 3 else ""
         return f"{self.owner} group {self.index} ({names}{more})"

@@ -119,17 +119,25 @@ class Optimizer(metaclass=CheckedArguments):
     (name, state_dtype, master_weights); a call with an argument the constructor does not
     take is an OptimizerError at the caller's line (arguments.py).
 
-    params: Parameters (a list, or a dict by name) or torch-style group dicts
-        (`[{"params": [...], "lr": 1e-3}, ...]`); see `decay_groups`.
-    name: prefix of the optimizer's own Parameters (`opt.step`, `opt.group0.lr`); two
-        optimizers in one step need different names.
-    state_dtype: the dtype of the state tensors (moments, buffers). None: the compute dtype.
-        bf16 halves the bytes a step moves; the update is still computed in f32 and each
-        state is rounded to nearest-even when it is stored.
-    master_weights: for f16/bf16 parameters, keep an f32 master copy (`<name>.master`),
-        compute the update in f32 on it and write the parameter back rounded. Where the
-        parameter was written by something else since (it no longer holds the master's
-        rounding), the step re-seeds the master from it (see `read`).
+    Args:
+        params: the float Parameters to update, as a list or a dict by name, or torch-style
+            group dicts, each with a "params" entry and its own hyper-parameters (see
+            `decay_groups`).
+        defaults: the subclass's hyper-parameters by option name, for every group that
+            does not set its own.
+        name: the prefix of the optimizer's own Parameters (`opt.step`, `opt.group0.lr`);
+            two optimizers in one step need different names.
+        state_dtype: the dtype of the state tensors (moments, buffers); None means the
+            compute dtype. bf16 halves the bytes a step moves: the update is still computed
+            in f32 and each state is rounded to nearest-even when it is stored.
+        master_weights: for f16/bf16 parameters, keep an f32 master copy (`<name>.master`),
+            compute the update in f32 on it and write the parameter back rounded. Where the
+            parameter was written by something else since (it no longer holds the master's
+            rounding), the step re-seeds the master from it (see `read`).
+
+    Raises:
+        OptimizerError: a parameter that is not a float Parameter or is in two groups, an
+            unknown hyper-parameter, or a value out of its range.
     """
 
     options: ClassVar[dict[str, Option]] = {}
@@ -158,24 +166,67 @@ class Optimizer(metaclass=CheckedArguments):
 
     # -- what a subclass defines -----------------------------------------------------------
     def init_state(self, group: ParamGroup) -> dict[str, float]:
-        """The state tensors of each parameter of `group`: key -> initial fill value."""
+        """The state tensors each parameter of `group` keeps, called once per group when
+        the optimizer is built.
+
+        Returns:
+            key -> initial fill value. Each key becomes a Parameter `<param>.<key>` of the
+            parameter's shape, in the state dtype, that `update` reads with `read_state`
+            and writes with `write_state`. The base class keeps none.
+        """
         return {}
 
     def init_group_state(self, group: ParamGroup) -> dict[str, float]:
-        """Scalar state shared by a group (NAdam's mu_product): key -> initial value."""
+        """Scalar state shared by the parameters of a group (NAdam's mu_product), called
+        once per group when the optimizer is built.
+
+        Returns:
+            key -> initial value. Each becomes an f64 scalar Parameter
+            `<name>.group<i>.<key>`, in `self.group_state[i]`. The base class keeps none.
+        """
         return {}
 
     def scalars(self, group: ParamGroup, h: Hyper) -> dict[str, Any]:
-        """The group's f64 scalars for this step, from its hyper-parameters `h`."""
+        """The group's scalars for this step (bias corrections, step sizes), computed once
+        per group and step, in f64.
+
+        Args:
+            group: the group.
+            h: its hyper-parameters as f64 scalar tensors (`h.lr`, `h.beta1`, ...) and
+                `h.t`, this step's number (1 on the first step).
+
+        Returns:
+            name -> scalar. `update` reads them as `c.<name>`, each cast once to the
+            parameter's compute dtype. The base class gives `lr`.
+        """
         return {"lr": h.lr}
 
     def update(self, slot: Slot, g: Tensor, c: Scalars) -> None:
-        """Assign one parameter and its state, from its gradient g (compute dtype)."""
+        """Write the new value of one parameter and of its state: the update rule.
+
+        Read with `read` and `read_state`, write with `write` and `write_state` (never
+        `assign` directly: those honour the step's `where=`).
+
+        Args:
+            slot: the parameter, its group, its compute dtype and its state.
+            g: its gradient in the compute dtype (negated when the group maximizes).
+            c: the group's `scalars`, cast to the compute dtype.
+        """
         raise NotImplementedError
 
     def check_group(self, group: ParamGroup, new: dict[str, Any],
                     old: dict[str, Any] | None) -> None:
-        """Checks that span options (raise OptimizerError); old is None at construction."""
+        """Check a group's hyper-parameters together (each one's range is checked
+        already), at construction and on every change: Nesterov needs a momentum, say.
+
+        Args:
+            group: the group.
+            new: its values as they would be, by option name.
+            old: its values before the change; None at construction.
+
+        Raises:
+            OptimizerError: the combination is refused. The base class refuses none.
+        """
 
     # -- the step --------------------------------------------------------------------------
     @property
@@ -191,10 +242,16 @@ class Optimizer(metaclass=CheckedArguments):
     def step(self, grads: Sequence[Any] | Mapping[str, Any], where: Any = None) -> None:
         """One update of every parameter from its gradient.
 
-        grads: one gradient per parameter, in the order of `self.params`, or a dict by
-            parameter name; each of the parameter's shape, and of its dtype (or f32 for an
-            f16/bf16 parameter).
-        where: None, or a bool scalar (tensor): where it is false, the step changes nothing.
+        Args:
+            grads: one gradient per parameter, in the order of `self.params`, or a dict by
+                parameter name; each of the parameter's shape, and of its dtype (or f32 for
+                an f16/bf16 parameter).
+            where: None, or a bool scalar (a Python bool or a tensor): where it is false,
+                the step changes nothing, not even the step count.
+
+        Raises:
+            OptimizerError: a gradient missing, extra, or of the wrong shape or dtype, or a
+                `where` that is not a bool scalar; raised before anything changes.
         """
         grads = self.check_grads(grads)
         apply = check_condition(where, f"{type(self).__name__}.step")
@@ -269,15 +326,20 @@ class Optimizer(metaclass=CheckedArguments):
         return ops.where(as_dtype(master, p.dtype) == p, master, as_dtype(p, master.dtype))
 
     def write(self, slot: Slot, value: Tensor) -> None:
-        """Store the new parameter value (and the master copy, which keeps it unrounded)."""
+        """Store the new parameter value (and the master copy, which keeps it unrounded),
+        only where the step's `where=` holds."""
         if slot.master is not None:
             self._write(slot.master, value)
         self._write(slot.param, as_dtype(value, slot.param.dtype))
 
     def read_state(self, slot: Slot, key: str) -> Tensor:
+        """The parameter's state tensor `key` ("exp_avg", ...) in its compute dtype (a cast
+        where the state is stored narrower, as with state_dtype=bf16)."""
         return as_dtype(slot.state[key], slot.compute)
 
     def write_state(self, slot: Slot, key: str, value: Tensor) -> None:
+        """Store the new value of the state tensor `key`, rounded to its stored dtype (and
+        only where the step's `where=` holds)."""
         p = slot.state[key]
         self._write(p, as_dtype(value, p.dtype))
 

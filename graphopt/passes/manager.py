@@ -47,18 +47,30 @@ class Refusal:
 
 @dataclass
 class PassContext:
-    """What every pass may read and write besides the graph."""
+    """What every pass may read and write besides the graph: `fastmath` (rewrites that are
+    only algebraically exact are allowed), the refusals recorded so far, and `current`, the
+    name of the pass that runs."""
 
     fastmath: bool = False
     refusals: list[Refusal] = field(default_factory=list)
     current: str = ""
 
     def refuse(self, subject: str, reason: str, loc: object = None) -> None:
+        """Record a rewrite the running pass considered and did not make, for `explain`.
+
+        Args:
+            subject: what was not rewritten, as the IR printed it before the pass
+                ("%5 = multiply").
+            reason: why, in words.
+            loc: the user's source location of the subject, if known.
+        """
         self.refusals.append(Refusal(self.current, subject, reason, loc))
 
 
 @dataclass(frozen=True)
 class Pass:
+    """A registered pass: its name, its function and its description (the docstring)."""
+
     name: str
     run: Callable[[Graph, PassContext], dict | None]
     doc: str
@@ -77,6 +89,10 @@ def register(name: str):
 
 @dataclass
 class PassStats:
+    """What one pass of a pipeline did: time, nodes and kernels before and after, the bytes
+    one run of the graph after it is estimated to move, its own counters, and whether it
+    changed the graph (with a unified diff of the text IR when `run(diffs=True)`)."""
+
     name: str
     seconds: float
     nodes_before: int
@@ -92,15 +108,20 @@ class PassStats:
 
     @property
     def nodes_removed(self) -> int:
+        """nodes_before - nodes_after (negative when the pass added nodes)."""
         return self.nodes_before - self.nodes_after
 
     @property
     def kernels_formed(self) -> int:
+        """kernels_after - kernels_before."""
         return self.kernels_after - self.kernels_before
 
 
 @dataclass
 class PipelineResult:
+    """What `run` returns: the rewritten graph, one PassStats per pass in order, and every
+    refusal the passes recorded. `str()` of it is the statistics table."""
+
     graph: Graph
     stats: list[PassStats]
     refusals: list[Refusal]
@@ -153,12 +174,31 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         print_after_all: bool = False, print_after_change: bool = False,
         verify: bool | str = True,
         fastmath: bool = False, diffs: bool = False, out: TextIO | None = None) -> PipelineResult:
-    """Run passes on a copy of `graph`. `print_before`/`print_after` take pass names or
-    regular expressions; `print_after_change` prints only after passes that changed the IR;
-    `diffs` keeps a unified diff of the text IR for each pass (explain uses it). `verify`:
-    True verifies the input and the graph after every pass, "last" only the result (what jit
-    does: compile time), False never; GRAPHOPT_VERIFY=each makes every pipeline verify the
-    input and every pass."""
+    """Run passes on a copy of `graph` (the graph itself is left as it was).
+
+    Args:
+        graph: the graph to rewrite.
+        pipeline: pass names, as a list or a string "dce,cse,..."; None (or "default")
+            means DEFAULT_PIPELINE, "" no pass.
+        print_before: pass names or regular expressions; the IR is printed before each
+            pass that matches.
+        print_after: likewise, after each pass that matches.
+        print_after_all: print the IR after every pass.
+        print_after_change: print it only after the passes that changed it.
+        verify: True verifies the input and the graph after every pass, "last" only the
+            result (what jit does: compile time), False never; GRAPHOPT_VERIFY=each makes
+            every pipeline verify the input and every pass.
+        fastmath: allow rewrites that are only algebraically exact.
+        diffs: keep a unified diff of the text IR in each pass's stats (explain uses it).
+        out: where to print (default sys.stdout).
+
+    Returns:
+        The rewritten graph, the statistics of each pass and the refusals.
+
+    Raises:
+        PassError: an unknown pass name, or a graph that does not verify (the message names
+            the pass after which it broke).
+    """
     from .. import envvars
     each = verify is True or envvars.verify_each()
     names = parse_pipeline(pipeline)

@@ -363,6 +363,9 @@ class LLVMProgram:
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
                                                             dict[str, np.ndarray]]:
+        """Run one step: the graph's outputs, and the new values of the parameters that
+        numpy computed (kernels store theirs in place). If a node fails, the parameters
+        stored in place so far are put back before the error propagates."""
         env: dict[Value, object] = dict(inputs)
         # An output that is a stored parameter itself keeps its value from before the step.
         early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
@@ -496,4 +499,16 @@ def _stores_last(nodes: list[Node], native: dict[int, NativeKernel]) -> list[Nod
 
 
 def compile(graph: Graph, *, fastmath: bool = False, cache: bool = True) -> LLVMProgram:
+    """Compile every kernel node of the graph for the selected target, or load its object
+    code from the disk cache, and return the program that runs the graph with them.
+
+    Args:
+        graph: the graph after the passes.
+        fastmath: fast-math flags in the kernels (part of each cache key).
+        cache: False neither loads from nor stores into the disk cache.
+
+    Raises:
+        TargetError: a GRAPHOPT_CPU or GRAPHOPT_CPU_FEATURES that LLVM does not know or this
+            host cannot run.
+    """
     return LLVMProgram(graph, fastmath=fastmath, cache=cache)
