@@ -172,18 +172,29 @@ def value_and_grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] =
                    has_aux: bool = False) -> Callable:
     """`fn`'s value and its gradients, by reverse-mode differentiation of the traced graph.
 
-    fn must return a float scalar (or `(scalar, aux)` with `has_aux=True`). The result
-    function returns `(value, grads)`, `value` being `(scalar, aux)` with has_aux. Gradients:
+    Works inside `jit` (the backward becomes part of the step's graph) and eagerly (the
+    function is traced into its own graph and run by the interpreter, so it has jit's rules:
+    no Python control flow on tensor values).
 
-    - `wrt`: Parameters (one, or a list/tuple/dict of them); the gradients mirror its
-      structure, like MindSpore's `value_and_grad(fn, grad_position, weights)`;
-    - `argnums`: positional arguments, like JAX (an int: that argument's gradient, with its
-      structure; a tuple: a tuple of them). The default is 0 without `wrt`, none with it;
-      with both, grads is `(argument gradients, parameter gradients)`.
+    Args:
+        fn: a function that returns a float scalar, or `(scalar, aux)` with has_aux.
+        wrt: Parameters to differentiate with respect to: one, or a list, tuple or dict of
+            them; the gradients mirror its structure, like MindSpore's
+            `value_and_grad(fn, grad_position, weights)`.
+        argnums: positional arguments to differentiate with respect to, like JAX: an int
+            gives that argument's gradient, in its structure; a tuple gives a tuple of
+            them. The default is 0 without `wrt`, none with it.
+        has_aux: fn returns `(scalar, aux)`; aux is passed through, not differentiated.
 
-    Works inside `jit` (the backward becomes part of the step's graph) and eagerly (the function
-    is traced into its own graph and run by the interpreter, so it has jit's rules: no Python
-    control flow on tensor values). Nesting value_and_grad (higher order) raises GradientError.
+    Returns:
+        A function of fn's arguments that returns `(value, grads)`; value is `(scalar,
+        aux)` with has_aux, and with both `argnums` and `wrt` grads is `(argument
+        gradients, parameter gradients)`.
+
+    Raises:
+        GradientError: fn is not callable, a bad `wrt`, `argnums` or `has_aux`, and, when
+            the function is called, a non-scalar or integer output, a function that assigns
+            what it differentiates, or a nested value_and_grad (higher order).
     """
     if not callable(fn):
         raise GradientError(f"value_and_grad differentiates a function, got "

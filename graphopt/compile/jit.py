@@ -177,7 +177,8 @@ class JittedFunction:
 
 
 def jit(fn: Callable | None = None, *, backend: str | None = None,
-        passes: str | Sequence[str] | None = None, fastmath: bool = False, cache: bool = True):
+        passes: str | Sequence[str] | None = None, fastmath: bool = False, cache: bool = True
+        ) -> JittedFunction | Callable[[Callable], JittedFunction]:
     """Compile a step function: `@jit`, `@jit(backend=..., passes=...)` or `jit(fn, ...)`.
 
     Nothing is traced until the first call (see JittedFunction).
