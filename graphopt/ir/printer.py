@@ -168,5 +168,7 @@ def _region(graph: Graph, name: Namer, indent: str, locs: bool) -> list[str]:
 
 
 def format_graph(graph: Graph, *, locs: bool = False) -> str:
+    """The text form of a graph (what `str(graph)` and `graph.format()` give), which `parse`
+    reads back; `locs=True` adds each node's source location."""
     lines = _region(graph, Namer(), "  ", locs)
     return "\n".join([f"graph {quote(graph.name)} {{"] + lines + ["}"])
