@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import Any
 
 from . import diskcache, envvars
-from .errors import GraphoptError, ParseError
+from .errors import GraphoptError, ParseError, VerifyError
 
 EPILOG = """\
 exit status:
@@ -143,12 +143,18 @@ def _read_text(path: str) -> tuple[str, str]:
 
 
 def _read_ir(path: str):
+    """The verified graph of a .gir file; an error in it names the file and line."""
     from .ir import parse
     text, name = _read_text(path)
+    lines: dict = {}
     try:
-        return parse(text)
+        return parse(text, lines=lines).verify()
     except ParseError as e:
         raise CLIError(f"{name}: {e}") from e
+    except VerifyError as e:
+        if e.node not in lines:
+            raise
+        raise CLIError(f"{name}:{lines[e.node]}: {e}") from e
 
 
 @contextlib.contextmanager
@@ -236,7 +242,6 @@ def _demo(args: argparse.Namespace) -> int:
 def _ir(args: argparse.Namespace) -> int:
     """Read IR text, verify it, print it back (with locations)."""
     graph = _read_ir(args.file)
-    graph.verify()
     print(graph.format(locs=True))
     return 0
 
@@ -247,7 +252,6 @@ def _opt(args: argparse.Namespace) -> int:
     _check_output(args.emit, args.output)
     print_after = _patterns(args.print_after)
     graph = _read_ir(args.file)
-    graph.verify()
     if args.explain:
         result = explain_graph(graph, args.passes, fastmath=args.fastmath)
     else:

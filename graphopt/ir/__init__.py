@@ -2,6 +2,7 @@
 from . import kernel as _kernel  # noqa: F401  (kernel and store)
 from . import opdefs as _opdefs  # noqa: F401  (fills the registry)
 from .graph import Graph, Location, Node, Value
+from .parser import parse
 from .registry import REGISTRY, OpDef, get_op
 from .types import (DTYPES, DType, TensorType, TokenType, bf16, bool_, f16, f32, f64, i32, i64,
                     to_dtype, token)
@@ -10,8 +11,3 @@ __all__ = ["Graph", "Node", "Value", "Location", "OpDef", "REGISTRY", "get_op", 
            "TensorType", "TokenType", "token", "DTYPES", "to_dtype", "f16", "bf16", "f32", "f64",
            "i32", "i64", "bool_", "parse"]
 
-
-def parse(text: str) -> Graph:
-    """Read a graph from its text form (the inverse of `str(graph)`)."""
-    from .parser import parse as _parse
-    return _parse(text)

@@ -76,19 +76,26 @@ class Token:
     col: int
 
 
-def parse(text: str) -> Graph:
+def parse(text: str, *, lines: dict[Node, int] | None = None) -> Graph:
     """Read a graph from its text form; raise ParseError (with line and column) if malformed,
-    ParseInputError (a TypeError) if `text` is not a str."""
+    ParseInputError (a TypeError) if `text` is not a str.
+
+    Args:
+        text: the graph's text form.
+        lines: if given, filled with the line (1-based) each node, kernel bodies' too, is
+            written on: so that an error the verifier finds later can point into the text.
+    """
     if not isinstance(text, str):
         hint = " (decode it first: data.decode())" if isinstance(text, (bytes, bytearray)) \
             else ""
         raise ParseInputError(f"parse takes the text of a graph as a str, got "
                               f"{type(text).__name__}{hint}")
-    return _Parser(text).graph()
+    return _Parser(text, {} if lines is None else lines).graph()
 
 
 class _Parser:
-    def __init__(self, text: str):
+    def __init__(self, text: str, node_lines: dict[Node, int]):
+        self.node_lines = node_lines
         self.lines = text.split("\n")
         self.tokens = self._tokenize(text)
         self.pos = 0
@@ -209,7 +216,9 @@ class _Parser:
                 tok, value = self.input(graph)
                 self.define(names, tok, value)
             else:
+                line = self.peek().line
                 results, node, operands = self.node(graph, depth)
+                self.node_lines[node] = line
                 for tok, value in zip(results, node.outputs):
                     self.define(names, tok, value)
                 uses += [(node.inputs, operands[0]), (node.after, operands[1])]

@@ -125,6 +125,13 @@ FILES = {
           return %0
         }
         """,
+    "ill_typed.gir": """\
+        graph g {
+          arg %x: f32[3]
+          %0 = exp %x : f32[4]
+          return %0
+        }
+        """,
 }
 BINARY = {
     "latin1.py": b"import numpy as np\nname = '\xe9t\xe9'\ndef step(x):\n    return x\n",
@@ -217,6 +224,9 @@ MISTAKES = {
     "IR file is a folder": (["opt", "folder"], "folder is a directory, not a file"),
     "IR not UTF-8": (["ir", "latin1.gir"], "latin1.gir:2: not UTF-8 text (byte 0xe9 at offset 17)"),
     "IR that does not parse": (["ir", "bad.gir"], "bad.gir: line 3, column 12: "),
+    "IR that does not verify": (["ir", "ill_typed.gir"],
+                                "ill_typed.gir:3: [types] output types f32[4] but the type rule"),
+    "IR that does not verify, to opt": (["opt", "ill_typed.gir"], "ill_typed.gir:3: [types] "),
     # the code the user's file runs: their file:line
     "raises at import": (["compile", "on_import.py:step"],
                          "on_import.py:2: ValueError: boom at import (while running on_import.py)"),
