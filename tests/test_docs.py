@@ -9,20 +9,6 @@ import pytest
 DOCS = Path(__file__).parent.parent / "docs"
 
 
-def test_ir_doc_kernel_example_parses_verifies_and_prints_back():
-    from graphopt.ir import parse
-    text = (DOCS / "ir.md").read_text()
-    fragment = re.search(r"```\n(%3, %4 = kernel.*?\n\})\n```", text, flags=re.S).group(1)
-    lines = fragment.splitlines()
-    head = lines[0].replace("%3, %4 = kernel", "%0, %1 = kernel")
-    graph = parse("graph g {\n  param @w: f32[4,3]\n  arg %g: f32[4,3]\n  arg %lr: f32[]\n"
-                  + "\n".join("  " + ln for ln in [head] + lines[1:])
-                  + "\n  return %0 after(%1)\n}").verify()
-    printed = str(graph).splitlines()
-    assert printed[4] == "  " + head  # the cost comment too: the printer computes it
-    assert printed[5:5 + len(lines) - 1] == ["  " + ln for ln in lines[1:]]
-
-
 def test_every_pass_has_an_example_in_the_passes_page():
     from docblocks import DIRECTIVE
     shown = {Path(m.group(2)).parent.name for m in DIRECTIVE.finditer(

@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+import re
 from pathlib import Path
 
 import ml_dtypes
@@ -13,6 +14,7 @@ from hypothesis import strategies as st
 from graphopt.errors import ParseError
 from graphopt.ir import (REGISTRY, Graph, Location, OpDef, TensorType, bf16, bool_, f16, f32, f64,
                          get_op, i32, i64, parse, token)
+from graphopt.ir import parser
 from graphopt.ir.registry import ELEMENTWISE
 
 
@@ -272,15 +274,24 @@ def test_quoted_names():
 
 
 
-def test_docs_example_is_printer_output():
-    """docs/ir.md shows the SGD-momentum step exactly as the printer prints it."""
-    doc = (Path(__file__).parent.parent / "docs" / "ir.md").read_text()
-    example = doc.split("graph sgd_momentum {", 1)[1].split("```", 1)[0]
-    text = "graph sgd_momentum {" + example.rstrip("\n")
-    g = parse(text)
-    assert str(g) == text
-    assert [n.op for n in g.assigns()] == ["assign", "assign"] and g.outputs == [g.nodes[6].out]
-    assert g.nodes[7].after == [g.nodes[6].out]
+
+def _rules(text: str) -> dict[str, str]:
+    """The productions of an EBNF text: name -> right-hand side, spaces and comments dropped."""
+    text = re.sub(r"\(\*.*?\*\)", "", text, flags=re.S)
+    return {m[1]: " ".join(m[2].split()) for m in re.finditer(r"(\w+)\s*=\s*(.*?)\s;", text, re.S)}
+
+
+def test_the_ir_page_grammar_is_the_parsers():
+    """docs/ir.md's grammar blocks (not run) are the grammar parser.py implements and states,
+    and name its dtypes and bare attribute words."""
+    page = (Path(__file__).parent.parent / "docs" / "ir.md").read_text()
+    shown: dict[str, str] = {}
+    for block in re.findall(r'```ebnf title="not run: a grammar"\n(.*?)```', page, re.S):
+        shown.update(_rules(block))  # the second block extends `node` with a kernel's body
+    assert shown == _rules(parser.__doc__.split("Grammar", 1)[1].split("\n\n")[1])
+    assert re.findall(r'"(\w+)"', shown["dtype"]) == list(parser.DTYPES)
+    assert {"true", "false", "nan", "inf"} == set(parser._WORDS) <= set(
+        re.findall(r'"(\w+)"', shown["attr"]))
 
 # -- errors, with their exact place -------------------------------------------------------------
 @pytest.mark.parametrize("lines, line, col, message", [
