@@ -361,13 +361,13 @@ def _cache_info() -> None:
 
 
 def _brief(desc: dict | None, listed: tuple[str, ...]) -> str:
-    """What `list` shows of an entry: its parts named in `listed` (a kernel's first line, the
-    flags and the CPU; runtime code's first line), or else its first two."""
+    """What `list` shows of an entry: its parts named in `listed` (a kernel's text, the flags
+    and the CPU; runtime code's text), or else its first two. A long part shows as the log
+    shows it, its short hash first: most kernels' first lines are the same."""
     if desc is None:
         return "(no readable description)"
     shown = {n: desc[n] for n in listed if n in desc} or dict(list(desc.items())[:2])
-    return "  ".join(f"{n}: {v.get('first_line', '') if isinstance(v, dict) else diskcache.show(v)}"
-                     for n, v in shown.items())
+    return "  ".join(f"{n}: {diskcache.show(v)}" for n, v in shown.items())
 
 
 def _cache_list() -> None:
