@@ -3,6 +3,8 @@
     graphopt demo                              compile an Adam step, print it, run it, draw it
     graphopt ir FILE.gir                       parse and verify IR text, print it back
     graphopt opt FILE.gir --passes dce,cse     run passes on IR text (like LLVM's opt)
+    graphopt opt FILE.gir --load mypass.py --passes mypass
+                                               ... with a pass defined in a file of yours
     graphopt compile FILE.py:FUNC --emit ir    trace a step function from a file and dump it
     graphopt cache info|list|clear|path        the on-disk compilation cache (docs/cache.md)
 
@@ -246,6 +248,22 @@ def _ir(args: argparse.Namespace) -> int:
     return 0
 
 
+@contextlib.contextmanager
+def _plugins(files: list[str] | None) -> Iterator[None]:
+    """Run each --load file (as `compile` runs FILE.py), so the passes it registers with
+    `@register` can be named in --passes; they are unregistered when the command is done (a
+    test may call main() many times in one process)."""
+    from .passes import PASSES
+    before = dict(PASSES)
+    try:
+        for file in files or ():
+            _load_module(_user_path(file, "--load "), file, {os.path.abspath(file)})
+        yield
+    finally:
+        PASSES.clear()
+        PASSES.update(before)
+
+
 def _opt(args: argparse.Namespace) -> int:
     from .explain import explain_graph
     from .passes import run
@@ -283,17 +301,23 @@ def _load_module(path: Path, shown: str, user_files: set[str]):
     return module
 
 
+def _user_path(file: str, option: str = "") -> Path:
+    """The path of a Python file the command line names (`option`: the option naming it)."""
+    path = Path(file)
+    if not path.exists():
+        raise CLIError(f"{option}{file}: no such file" if option else f"no such file: {file}")
+    if not path.is_file():
+        raise CLIError(f"{option}{file} is not a file")
+    return path
+
+
 def load_function(spec: str) -> tuple[Any, tuple, dict]:
     """FILE.py:FUNC -> (the function, example args, example kwargs). Every mistake, the user
     code's own exceptions included, is a GraphoptError saying what is wrong and where."""
     file, _, name = spec.rpartition(":")
     if not file or not name:
         raise CLIError(f"expected FILE.py:FUNC, got {spec!r}")
-    path = Path(file)
-    if not path.exists():
-        raise CLIError(f"no such file: {file}")
-    if not path.is_file():
-        raise CLIError(f"{file} is not a file")
+    path = _user_path(file)
     user_files = {os.path.abspath(file)}
     module = _load_module(path, file, user_files)
     fn = getattr(module, name, None)
@@ -414,6 +438,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--explain", action="store_true",
                        help="show each pass's diff and every refused fusion with its reason")
         p.add_argument("--fastmath", action="store_true")
+        p.add_argument("--load", action="append", metavar="FILE.py",
+                       help="run this Python file first, so the passes it registers can be "
+                            "named in --passes (repeatable)")
 
     p = sub.add_parser("opt", help="run passes on an IR text file")
     p.add_argument("file", help="a .gir file, or - for standard input")
@@ -473,7 +500,8 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning  # one line each, not the warning's source
             envvars.check()  # every switch, before anything is done
-            status = args.run(args)
+            with _plugins(getattr(args, "load", None)):  # (opt and compile)
+                status = args.run(args)
             sys.stdout.flush()  # a closed pipe is found here, not as Python exits
             return status
     except KeyboardInterrupt:

@@ -76,6 +76,27 @@ def test_a_pass_that_breaks_the_graph_is_named():
         del passes.PASSES["break_it"]
 
 
+def test_a_taken_pass_name_is_refused_unless_it_is_the_same_definition():
+    def define():
+        @passes.register("twice")
+        def twice(graph, ctx):
+            """Changes nothing (a test pass)."""
+        return twice
+
+    try:
+        first = define()
+        second = define()  # the same definition run again (a file loaded twice): replaces it
+        assert passes.PASSES["twice"].run is second is not first
+        with pytest.raises(PassError, match=r"test_passes.py:\d+: the pass name 'cse' is taken, "
+                                            r"by cse \(.*cse.py:\d+\)"):
+            @passes.register("cse")
+            def not_cse(graph, ctx):
+                """Another pass under cse's name."""
+        assert passes.PASSES["cse"].run.__module__ == "graphopt.passes.cse"
+    finally:
+        del passes.PASSES["twice"]
+
+
 def test_verification_names_where_the_graph_broke():
     broken = sgd_graph()
     broken.nodes = broken.nodes[1:]  # a node reads a value no node defines now

@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterable, TextIO
 
 from ..errors import GraphoptError, VerifyError
-from ..ir.graph import Graph
+from ..ir.graph import Graph, Location
 from ..ir.verifier import verify
 from .cost import graph_bytes
 
@@ -79,9 +79,25 @@ class Pass:
 PASSES: dict[str, Pass] = {}
 
 
+def _defined_at(fn: Callable) -> tuple[str, int, str]:
+    code = getattr(fn, "__code__", None)
+    return (code.co_filename, code.co_firstlineno, fn.__qualname__) if code is not None \
+        else ("?", 0, repr(fn))
+
+
 def register(name: str):
-    """Register a pass function under `name`; its docstring is its description."""
+    """Register a pass function under `name`; its docstring is its description. A name names
+    one pass: registering another function under a taken name is a PassError (at the new
+    function's file:line). The same definition run again (its file loaded twice) replaces
+    the first."""
     def wrap(fn: Callable[[Graph, PassContext], dict | None]):
+        old = PASSES.get(name)
+        if old is not None and _defined_at(old.run) != _defined_at(fn):
+            file, line, _ = _defined_at(fn)
+            taken, at, qualname = _defined_at(old.run)
+            raise PassError(f"the pass name '{name}' is taken, by {qualname} "
+                            f"({taken}:{at}); register this one under another name",
+                            loc=Location(file, line))
         PASSES[name] = Pass(name, fn, (fn.__doc__ or "").strip())
         return fn
     return wrap

@@ -111,6 +111,32 @@ FILES = {
     "interrupt.py": """\
         raise KeyboardInterrupt
         """,
+    "plugin.py": """\
+        from graphopt.passes import register
+        @register("exp_to_sqrt")
+        def exp_to_sqrt(graph, ctx):
+            \"\"\"Renames every exp a sqrt (a test pass: wrong, but plain to see).\"\"\"
+            for n in graph.nodes:
+                if n.op == "exp":
+                    n.op = "sqrt"
+            return {"renamed": 1}
+        """,
+    "plugin_syntax.py": """\
+        from graphopt.passes import register
+        @register("broken"
+        def broken(graph, ctx):
+            pass
+        """,
+    "plugin_raises.py": """\
+        from graphopt.passes import register
+        raise ValueError("boom in a plugin")
+        """,
+    "plugin_taken.py": """\
+        from graphopt.passes import register
+        @register("cse")
+        def my_cse(graph, ctx):
+            pass
+        """,
     "good.gir": """\
         graph g {
           arg %x: f32[3]
@@ -243,6 +269,23 @@ MISTAKES = {
                                "step(): too many positional arguments"),
     "shapes that do not broadcast": (["compile", "bad_op.py:step"], "bad_op.py:5: "),
     "a step that returns a str": (["compile", "returns_str.py:step"], "a str"),
+    # --load: a file of passes
+    "--load a missing file": (["opt", "good.gir", "--load", "missing.py"],
+                              "--load missing.py: no such file"),
+    "--load a folder": (["opt", "good.gir", "--load", "folder"], "--load folder is not a file"),
+    "--load a syntax error": (["opt", "good.gir", "--load", "plugin_syntax.py"],
+                              "plugin_syntax.py:2: SyntaxError: '(' was never closed (while "
+                              "running plugin_syntax.py)"),
+    "--load raises at import": (["opt", "good.gir", "--load", "plugin_raises.py"],
+                                "plugin_raises.py:2: ValueError: boom in a plugin (while running "
+                                "plugin_raises.py)"),
+    "--load a taken pass name": (["opt", "good.gir", "--load", "plugin_taken.py"],
+                                 "plugin_taken.py:2: the pass name 'cse' is taken, by cse ("),
+    "--load (compile)": (["compile", "good.py:step", "--load", "plugin_raises.py"],
+                         "plugin_raises.py:2: ValueError: boom in a plugin"),
+    "--load, then a pass it does not define": (
+        ["opt", "good.gir", "--load", "plugin.py", "--passes", "frobnicate"],
+        "unknown pass frobnicate; known passes: cse, dce, exp_to_sqrt, fold,"),
     # switches
     "bad switch": (["cache", "path"],
                    "GRAPHOPT_THREADS='1.5' (from the environment): expected a whole number"),
@@ -273,6 +316,21 @@ def test_user_files_that_are_fine_run(files, capsys):
     for target in ("good.txt:step", "dataclass_user.py:step"):
         status, out, err = _run(capsys, ["compile", target])
         assert status == 0 and err == "" and out.startswith("graph step {"), err
+
+
+def test_load_registers_passes_for_the_command(files, capsys):
+    """`--load FILE.py` runs the file before the pipeline: its passes can be named in
+    --passes, for opt and compile; loaded twice, the same definition replaces itself; when the
+    command is done they are unregistered."""
+    from graphopt.passes import PASSES
+    before = dict(PASSES)
+    for argv in (["opt", "good.gir"], ["compile", "good.py:step"]):
+        status, out, err = _run(capsys, [*argv, "--load", "plugin.py", "--load", "plugin.py",
+                                         "--passes", "dce,exp_to_sqrt"])
+        assert status == 0 and err == "", err
+        if argv[0] == "opt":
+            assert "%0 = sqrt %x : f32[3]" in out and "exp" not in out
+    assert PASSES == before
 
 
 def test_ir_from_stdin_that_is_not_utf8(files, capsys, monkeypatch):
