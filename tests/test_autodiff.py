@@ -60,6 +60,8 @@ def test_argnums_and_wrt_together(wb, rng, mode):
 
     g = wrap(go.grad(loss))({"w": w.numpy()}, x)  # argnums=0 by default
     np.testing.assert_allclose(g["w"], dw, rtol=1e-12)
+    g = wrap(go.grad(loss, argnums=None))({"w": w.numpy()}, x)  # None: the default
+    np.testing.assert_allclose(g["w"], dw, rtol=1e-12)
     (g_args, g_params) = wrap(go.grad(loss, wrt=[b], argnums=(0, 1)))({"w": w.numpy()}, x)
     np.testing.assert_allclose(g_args[0]["w"], dw, rtol=1e-12)
     np.testing.assert_allclose(g_args[1], (1 - np.tanh(x @ w.numpy() + b.numpy()) ** 2)
@@ -229,6 +231,9 @@ def test_errors(wb, rng):
         go.value_and_grad(linear_loss, wrt=[w, x])
     with pytest.raises(GradientError, match="argnums must be"):
         go.grad(linear_loss, argnums=-1)
+    for bad in (1.5, "01", {0: 1}):  # not an int or a tuple: a GradientError, not a TypeError
+        with pytest.raises(GradientError, match="argnums must be"):
+            go.grad(linear_loss, argnums=bad)
     with pytest.raises(GradientError, match="argument 3 of linear_loss"):
         go.grad(linear_loss, argnums=3)(w, b, x)
     with pytest.raises(GradientError, match=r"returned f64\[4,2\]: value_and_grad "

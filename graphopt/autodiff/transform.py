@@ -52,7 +52,6 @@ from .rules import VJP
 # Traces in which a function is being differentiated right now: a value_and_grad called in
 # one of them would be a nested (higher-order) gradient, which is not supported.
 _DIFFERENTIATING: set[int] = set()
-_UNSET: Any = object()
 
 
 class GradLocation(Location):
@@ -168,7 +167,7 @@ class _Request:
     has_aux: bool
 
 
-def value_and_grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] = _UNSET,
+def value_and_grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] | None = None,
                    has_aux: bool = False) -> Callable:
     """`fn`'s value and its gradients, by reverse-mode differentiation of the traced graph.
 
@@ -183,13 +182,13 @@ def value_and_grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] =
             `value_and_grad(fn, grad_position, weights)`.
         argnums: positional arguments to differentiate with respect to, like JAX: an int
             gives that argument's gradient, in its structure; a tuple gives a tuple of
-            them. The default is 0 without `wrt`, none with it.
+            them. None (the default) is 0 without `wrt`, no argument with it.
         has_aux: fn returns `(scalar, aux)`; aux is passed through, not differentiated.
 
     Returns:
-        A function of fn's arguments that returns `(value, grads)`; value is `(scalar,
-        aux)` with has_aux, and with both `argnums` and `wrt` grads is `(argument
-        gradients, parameter gradients)`.
+        A function of fn's arguments that returns `(value, grads)`; value is
+            `(scalar, aux)` with has_aux, and with both `argnums` and `wrt` grads is
+            `(argument gradients, parameter gradients)`.
 
     Raises:
         GradientError: fn is not callable, a bad `wrt`, `argnums` or `has_aux`, and, when
@@ -203,11 +202,11 @@ def value_and_grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] =
         raise GradientError(f"has_aux must be True or False, got {has_aux!r}",
                             loc=user_location())
     params, wrt_tree = _check_wrt(wrt)
-    if argnums is _UNSET:
+    if argnums is None:
         argnums = () if wrt is not None else 0
     one = isinstance(argnums, int) and not isinstance(argnums, bool)
-    nums = (argnums,) if one else tuple(argnums)  # type: ignore[arg-type]
-    if any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in nums):
+    nums = (argnums,) if one else tuple(argnums) if isinstance(argnums, (tuple, list)) else None
+    if nums is None or any(not isinstance(i, int) or isinstance(i, bool) or i < 0 for i in nums):
         raise GradientError(f"argnums must be a non-negative int or a tuple of them, got "
                             f"{argnums!r}", loc=user_location())
     request = _Request(fn, params, wrt_tree, nums, one, has_aux)
@@ -222,7 +221,7 @@ def value_and_grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] =
     return value_and_grad_fn
 
 
-def grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] = _UNSET,
+def grad(fn: Callable, wrt: Any = None, argnums: int | Sequence[int] | None = None,
          has_aux: bool = False) -> Callable:
     """Like value_and_grad, but returns only the gradients (`(grads, aux)` with has_aux)."""
     both = value_and_grad(fn, wrt, argnums, has_aux)
