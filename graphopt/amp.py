@@ -49,9 +49,10 @@ class LossScaler(metaclass=CheckedArguments):
         return loss * as_dtype(self.loss_scale, dtype_of(loss))
 
     def unscale(self, grads: Grads) -> tuple[Any, Tensor]:
-        """(gradients × 1/scale, all finite): torch's `_amp_foreach_non_finite_check_and_
-        unscale_`. 1/scale is taken in f64 and rounded to f32 (GradScaler's inv_scale);
-        f16/bf16 gradients are unscaled into f32, where small values do not underflow."""
+        """(gradients × 1/scale, all finite), as torch's
+        `_amp_foreach_non_finite_check_and_unscale_`. 1/scale is taken in f64 and rounded to
+        f32 (GradScaler's inv_scale); f16/bf16 gradients are unscaled into f32, where small
+        values do not underflow."""
         inv = ops.cast(1.0 / ops.cast(self.loss_scale, "f64"), f32)
         leaves = list(grads.values()) if isinstance(grads, Mapping) else list(grads)
         finite = None

@@ -51,7 +51,7 @@ class RMSprop(Optimizer):
 
         g ← g + λ·p                                  weight_decay λ
         v ← α·v + (1 − α)·g²
-        a ← α·a + (1 − α)·g;   d ← √(v − a²) + eps    centered
+        a ← a + (1 − α)·(g − a);   d ← √(v − a²) + eps    centered
         d ← √v + eps                                  otherwise
         b ← μ·b + g / d;       p ← p − lr·b           momentum μ > 0
         p ← p − lr · g / d                            otherwise

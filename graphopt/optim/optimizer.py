@@ -53,7 +53,16 @@ LOW_PRECISION = (f16, bf16)
 
 @dataclass
 class Slot:
-    """One parameter as its optimizer sees it."""
+    """One parameter as its optimizer sees it: what `update` gets.
+
+    Attributes:
+        param: the Parameter.
+        group: its parameter group.
+        compute: the dtype its update is computed in (f32 for an f16/bf16 parameter with
+            master weights, else its own).
+        state_dtype: the dtype its state is stored in.
+        state: its state Parameters by key ("exp_avg", ..., and "master").
+    """
 
     param: Parameter
     group: ParamGroup
@@ -170,9 +179,9 @@ class Optimizer(metaclass=CheckedArguments):
         the optimizer is built.
 
         Returns:
-            key -> initial fill value. Each key becomes a Parameter `<param>.<key>` of the
-            parameter's shape, in the state dtype, that `update` reads with `read_state`
-            and writes with `write_state`. The base class keeps none.
+            key -> initial fill value. Each key becomes a Parameter `<param>.<key>` of
+                the parameter's shape, in the state dtype, that `update` reads with
+                `read_state` and writes with `write_state`. The base class keeps none.
         """
         return {}
 
@@ -182,7 +191,8 @@ class Optimizer(metaclass=CheckedArguments):
 
         Returns:
             key -> initial value. Each becomes an f64 scalar Parameter
-            `<name>.group<i>.<key>`, in `self.group_state[i]`. The base class keeps none.
+                `<name>.group<i>.<key>`, in `self.group_state[i]`. The base class keeps
+                none.
         """
         return {}
 
@@ -197,7 +207,7 @@ class Optimizer(metaclass=CheckedArguments):
 
         Returns:
             name -> scalar. `update` reads them as `c.<name>`, each cast once to the
-            parameter's compute dtype. The base class gives `lr`.
+                parameter's compute dtype. The base class gives `lr`.
         """
         return {"lr": h.lr}
 

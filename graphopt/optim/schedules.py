@@ -28,7 +28,8 @@ from .arguments import CheckedArguments
 
 
 class Schedule(metaclass=CheckedArguments):
-    """Base class: `__call__(steps_done) -> lr`, both f64 scalar tensors."""
+    """Base class: `__call__(k) -> lr`, both f64 scalar tensors; k is the number of steps
+    already taken (0 on the first step)."""
 
     def __call__(self, step: Any) -> Tensor:
         raise NotImplementedError
@@ -57,7 +58,7 @@ def _check(owner: str, **values: Any) -> None:
 
 @dataclass(frozen=True)
 class Constant(Schedule):
-    """lr(t) = lr."""
+    """lr(k) = lr."""
 
     lr: float
 
@@ -70,7 +71,7 @@ class Constant(Schedule):
 
 @dataclass(frozen=True)
 class ExponentialDecay(Schedule):
-    """lr(t) = base_lr · gamma^(t / decay_steps), the exponent floored when staircase.
+    """lr(k) = base_lr · gamma^(k / decay_steps), the exponent floored when staircase.
 
     torch: ExponentialLR(gamma) (decay_steps=1). MindSpore: ExponentialDecayLR(learning_rate,
     decay_rate=gamma, decay_steps, is_stair=staircase)."""
@@ -90,7 +91,7 @@ class ExponentialDecay(Schedule):
 
 
 class StepDecay(ExponentialDecay):
-    """lr(t) = base_lr · gamma^⌊t / step_size⌋. torch: StepLR(step_size, gamma=0.1)."""
+    """lr(k) = base_lr · gamma^⌊k / step_size⌋. torch: StepLR(step_size, gamma=0.1)."""
 
     def __init__(self, base_lr: float, step_size: int, gamma: float = 0.1):
         super().__init__(base_lr, gamma, step_size, staircase=True)
@@ -102,7 +103,7 @@ class StepDecay(ExponentialDecay):
 
 @dataclass(frozen=True)
 class LinearWarmup(Schedule):
-    """lr(t) = base_lr · (s + (e − s) · min(t, warmup_steps) / warmup_steps), s and e the
+    """lr(k) = base_lr · (s + (e − s) · min(k, warmup_steps) / warmup_steps), s and e the
     start and end factors; then constant at base_lr · e.
 
     torch: LinearLR(start_factor, end_factor, total_iters=warmup_steps). MindSpore:
@@ -125,7 +126,7 @@ class LinearWarmup(Schedule):
 
 @dataclass(frozen=True)
 class CosineDecay(Schedule):
-    """lr(t) = min_lr + (base_lr − min_lr) · (1 + cos(π · min(t, T) / T)) / 2, T the
+    """lr(k) = min_lr + (base_lr − min_lr) · (1 + cos(π · min(k, T) / T)) / 2, T the
     decay_steps; min_lr after T.
 
     torch: CosineAnnealingLR(T_max=T, eta_min=min_lr) (its closed form, up to T). MindSpore:
@@ -151,8 +152,8 @@ class WarmupCosine(Schedule):
     """Linear warmup from 0 to base_lr over warmup_steps, then cosine decay to min_lr at
     total_steps (and min_lr after):
 
-        lr(t) = base_lr · t / W                                          t < W
-        lr(t) = min_lr + (base_lr − min_lr) · (1 + cos(π · p)) / 2,      p = min(t − W, T − W) / (T − W)
+        lr(k) = base_lr · k / W                                          k < W
+        lr(k) = min_lr + (base_lr − min_lr) · (1 + cos(π · p)) / 2,      p = min(k − W, T − W) / (T − W)
 
     torch: SequentialLR([LinearLR(start_factor≈0, total_iters=W), CosineAnnealingLR(T_max=
     T − W, eta_min=min_lr)], milestones=[W]), or transformers' cosine schedule with warmup
