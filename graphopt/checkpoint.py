@@ -89,7 +89,11 @@ def collect(params: Any, *objects: Any) -> list[Parameter]:
 # -- saving ---------------------------------------------------------------------------------------
 def save(path: str | os.PathLike, params: Any, *objects: Any) -> None:
     """Write every Parameter of `params` and `objects` to `path` (.npz), atomically: the old
-    file stays whole until the new one is complete, and a failed save leaves no file."""
+    file stays whole until the new one is complete, and a failed save leaves it as it was
+    (a CheckpointError says why).
+
+    `params` is a list of Parameters or a dict by name; `objects` are anything with
+    `.parameters()`: optimizers, `Accumulate`, loss scalers."""
     path = _path(path, "save")
     _refuse_in_trace("save", path)
     ps = collect(params, *objects)
@@ -131,9 +135,11 @@ def _stored(d: DType) -> np.dtype:
 
 # -- loading --------------------------------------------------------------------------------------
 def load(path: str | os.PathLike, params: Any, *objects: Any) -> None:
-    """Restore every Parameter of `params` and `objects` from `path`. Checks the file, its
-    names, shapes, dtypes and values (see the module docstring) before changing anything;
-    any problem is a CheckpointError that names the file and the entry."""
+    """Restore every Parameter of `params` and `objects` (as `save` takes them) from
+    `path`. Checks the file (a regular file, an .npz of .npy arrays, no pickle), its
+    metadata, every name, shape and dtype, and the values as the objects' constructors
+    check them, before changing anything; any problem is a CheckpointError that names the
+    file and the entry."""
     path = _path(path, "load")
     _refuse_in_trace("load", path)
     targets = collect(params, *objects)

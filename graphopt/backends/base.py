@@ -34,7 +34,7 @@ class Program(Protocol):
 
 
 class Backend(Protocol):
-    """A backend module (backends/__init__.py names them)."""
+    """A backend module (`graphopt/backends/__init__.py` names them)."""
 
     def compile(self, graph: Graph, *, fastmath: bool = False, cache: bool = True
                 ) -> Program:

@@ -28,8 +28,9 @@ class Executable:
     """A compiled step: the graph after the passes, and the backend's program for it.
 
     `JittedFunction` builds one per signature (`step.lower(...)` returns it). Calling it
-    runs the whole graph and updates the Parameters in place; a call is atomic (see the
-    module docstring).
+    runs the whole graph and updates the Parameters in place. A call is atomic: every
+    argument is checked before anything runs, and the new parameter values are written
+    only after the whole graph ran, so a call that fails changes no Parameter.
 
     Attributes:
         traced_graph: the graph as traced, before any pass.
@@ -137,7 +138,7 @@ class Executable:
         return self._listing("llvm" if optimized else "llvm-raw")
 
     def asm(self) -> str:
-        """The host assembly of every compiled kernel."""
+        """The assembly of every compiled kernel, for the CPU it was compiled for."""
         return self._listing("asm")
 
     def _listing(self, kind: str) -> str:

@@ -90,8 +90,9 @@ class JittedFunction:
 
     The first call with a given signature (the argument structure, each array's shape and
     dtype, each scalar's Python type, each Parameter's identity) traces the function and
-    builds an Executable; later calls with that signature run it. A call from inside
-    another traced function runs the Python function inline instead.
+    builds an Executable; later calls with that signature run it. A call whose argument
+    structure differs from the first call's is a SignatureError (make another jit for it). A
+    call from inside another traced function runs the Python function inline instead.
 
     Attributes:
         fn: the Python function.

@@ -39,14 +39,14 @@ class Parameter(Tensor):
 
     def __init__(self, value: Any, name: str | None = None, dtype: Any = None,
                  copy: bool = True, offset: int | None = None):
-        """Make a Parameter holding a copy of `value`.
+        """Make a Parameter holding a copy of `value` (or, with copy=False, `value` itself).
 
         The value is copied into a buffer of the Parameter's own, placed by graphopt.memory
         (64-byte aligned).
 
         Args:
             value: an array, or anything numpy makes one of.
-            name: letters, digits, '_' and '.', starting with a letter or '_'; by default
+            name: letters, digits, `_` and `.`, starting with a letter or `_`; by default
                 `param<n>`.
             dtype: the dtype to store (default: the value's); an int or bool dtype refuses
                 a value it does not hold exactly (NaN, inf, a fraction, out of range).

@@ -52,7 +52,10 @@ def _cut(text: str, limit: int = MAX_LABEL) -> str:
 
 # -- graphviz ---------------------------------------------------------------------------------
 def to_dot(graph: Graph) -> graphviz.Digraph:
-    """A graphviz drawing of the graph (see the module docstring for the conventions)."""
+    """A graphviz drawing of the graph. Parameters are yellow cylinders, arguments
+    ellipses, nodes boxes coloured by op; data edges are solid, ordering edges dashed; an
+    assign (or a kernel that stores) is a bold red box with a dashed red edge to its
+    parameter; a kernel is a cluster of its body's nodes."""
     import graphviz  # imported when drawing: `import graphopt` stays quick
     dot = graphviz.Digraph(name=graph.name)
     dot.attr(label=f"graph {graph.name}", labelloc="t", fontname="Helvetica")

@@ -16,8 +16,9 @@ import numpy as np
 
 @dataclass(frozen=True, eq=False)
 class DType:
-    """One of the dtypes below; each exists once, so dtypes compare by identity (fast: type
-    checks compare thousands of them), also after a copy or a pickle."""
+    """One of the seven dtypes (f16, bf16, f32, f64, i32, i64, bool); each exists once, so
+    dtypes compare by identity (fast: type checks compare thousands of them), also after a
+    copy or a pickle."""
 
     name: str  # the IR spelling: f32, i64, bool, ...
     kind: str  # "float", "int" or "bool"
