@@ -101,9 +101,10 @@ class SwitchError(GraphoptError, ValueError):
 
 
 class OptimizerError(GraphoptError, ValueError):
-    """Bad input to an optimizer, a schedule, a loss scaler or a checkpoint: a hyper-parameter
-    out of range, a gradient of the wrong shape or dtype, a parameter in two groups. The
-    message names the parameter; nothing was changed."""
+    """Bad input to an optimizer, a schedule or a loss scaler: a hyper-parameter out of
+    range, a gradient of the wrong shape or dtype, a parameter in two groups. The message
+    names the parameter; nothing was changed. (Bad values in a checkpoint are a
+    CheckpointError.)"""
 
 
 class GradientError(GraphoptError, TypeError):
