@@ -587,7 +587,7 @@ def fmt_s(x: float | None) -> str:
 
 
 def targets(results: dict) -> list[tuple[str, str, str, str]]:
-    """The issue's speed targets: (target, measured, needed, met/not met)."""
+    """The speed targets docs/performance.md sets: (target, measured, needed, met/not met)."""
     rows = []
 
     def res(case, impl):
@@ -740,7 +740,7 @@ def render(results: dict, order_cases: list[str], impls: list[str], skipped: dic
            "(numba `prange`; 24 bytes per element) and `np.copyto` (16 bytes per element).", "",
            *[f"- {x}" for x in bw_txt], ""]
     if tgt:
-        out += ["## Targets (issue 4)", "", "| target | measured | needed | |", "|---|---|---|---|",
+        out += ["## Targets", "", "| target | measured | needed | |", "|---|---|---|---|",
                 *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in tgt], ""]
     if skipped:
         out += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), ""]

@@ -5,7 +5,8 @@
 prints, pass by pass, the statistics and a unified diff of the text IR (or "no change"),
 then every merge `fuse` or `hfuse` refused, with its reason: the outside path that would have
 made a cycle, the spaces that did not match, the reduction needed too early, the cost term;
-last, the graph after the passes and the target the LLVM backend compiles it for.
+last, the statistics table and the target the LLVM backend would compile for. Nothing is
+compiled. (`graphopt opt --explain` prints the graph after the passes too.)
 """
 from __future__ import annotations
 
@@ -21,7 +22,7 @@ from .passes.manager import PipelineResult
 def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
                   fastmath: bool = False, out: TextIO | None = None) -> PipelineResult:
     """Run the pipeline on a graph and print what each pass did, what fuse and hfuse refused
-    and why, the resulting graph, and the LLVM backend's target.
+    and why, then the statistics table and the LLVM backend's target. Nothing is compiled.
 
     Args:
         graph: the graph (not changed: the passes rewrite a copy).

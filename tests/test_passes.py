@@ -250,3 +250,15 @@ def test_cse_keeps_maximum_and_minimum_in_their_order(backend):
                                 ops.minimum(y, x)), backend=backend)(a, b)
     signs = [bool(np.signbit(np.asarray(o)).all()) for o in outs]
     assert signs == [True, False, True, False]
+
+
+def test_a_reductions_result_is_bytes_written_not_read():
+    """A sum kernel reads its operand once and writes its one result: the pass table's
+    MB read / MB written split the cost comment's `B once` by direction."""
+    from graphopt.passes.cost import node_bytes
+    graph = passes.run(go.parse("graph g {\n  arg %x: f32[1000]\n"
+                                "  %0 = multiply %x, %x : f32[1000]\n"
+                                "  %1 = sum %0 {axes=[0], keepdims=false} : f32[]\n"
+                                "  return %1\n}"), "fuse").graph
+    (kernel,) = graph.nodes
+    assert node_bytes(kernel) == (4000, 4)

@@ -1,8 +1,8 @@
 """Graph, Node and Value: the functional IR that every part of graphopt reads and writes.
 
 A Graph has inputs (Values of kind `param` or `arg`), a list of Nodes in a valid topological
-order, and a return: output Values plus the effect tokens the return is ordered after (the
-DESIGN's `depend(outputs, every assign token)`, written `return %x after(%t0, %t1)`).
+order, and a return: output Values plus the effect tokens the return is ordered after (a
+depend of the outputs on every effect, written `return %x after(%t0, %t1)`).
 
 A Node applies one registered op to input Values, with attributes, and defines output Values.
 Any node may carry `after` edges: pure ordering, no data. The tracer puts them on `assign`

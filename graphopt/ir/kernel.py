@@ -255,12 +255,14 @@ def run(node: Node, arrays: Sequence[np.ndarray],
 class KernelCost:
     """Memory traffic of one run of a kernel. Operands of the full iteration space stream:
     their bytes are counted per element. Smaller operands (scalars, broadcast rows) and
-    reduction results are counted once, in `fixed_bytes`."""
+    reduction results are counted once, in `fixed_bytes`; `fixed_written` is the part of it
+    that is written (the reduction results)."""
 
     read_per_element: int
     write_per_element: int
     fixed_bytes: int
     elements: int
+    fixed_written: int = 0
 
     @property
     def bytes_per_element(self) -> int:
@@ -284,7 +286,7 @@ def cost(node: Node) -> KernelCost:
     targets = {j for j, _ in stores(body)}
     read_in_body = {v for n in body.nodes if n.op != "store" for v in n.inputs}
     read_in_body |= set(body.outputs)
-    read = write = fixed = 0
+    read = write = fixed = reduced = 0
     spaces = [tuple(space) for space in node.attrs["spaces"]]
     elements = sum(map(math.prod, spaces))
     for j, (x, column) in enumerate(zip(body.inputs, columns(node, lay))):
@@ -301,5 +303,5 @@ def cost(node: Node) -> KernelCost:
         if kind == "map":
             write += r.dtype.itemsize
         else:
-            fixed += r.dtype.itemsize * lay.instances
-    return KernelCost(read, write, fixed, elements)
+            reduced += r.dtype.itemsize * lay.instances
+    return KernelCost(read, write, fixed + reduced, elements, reduced)

@@ -20,8 +20,8 @@ def node_bytes(node: Node) -> tuple[int, int]:
     """(bytes read, bytes written) by one run of the node."""
     if node.body is not None:
         c = kernel_cost(node)
-        return (c.read_per_element * c.elements + c.fixed_bytes,
-                c.write_per_element * c.elements)
+        return (c.read_per_element * c.elements + c.fixed_bytes - c.fixed_written,
+                c.write_per_element * c.elements + c.fixed_written)
     op = node.opdef
     if op.category == CONSTANT or op.view is not None:  # a view: nothing moves
         return 0, 0
