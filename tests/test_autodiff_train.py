@@ -39,7 +39,7 @@ def torch_grads(fn, params, *args):
     tp = {k: torch.tensor(v.numpy(), requires_grad=True) for k, v in params.items()}
     loss = fn(torch, tp, *args)
     loss.backward()
-    return float(loss), {k: t.grad.numpy() for k, t in tp.items()}
+    return float(loss.detach()), {k: t.grad.numpy() for k, t in tp.items()}
 
 
 def test_mlp_gradients_match_torch():
