@@ -288,6 +288,33 @@ def test_a_view_of_a_parameter_keeps_the_value_it_was_made_from():
     np.testing.assert_array_equal(w.numpy(), np.arange(6.0).reshape(2, 3) + 1)
 
 
+def test_a_view_of_a_parameter_read_only_before_its_store_is_not_copied():
+    """A weight's transpose that only matmuls before the update read (the backward's
+    `dy @ w.T`) is read where it lies; one read after the store is copied, and the program
+    says which and why (memory_report)."""
+    w = go.Parameter(np.arange(6, dtype=np.float64).reshape(2, 3), name="w")
+    u = go.Parameter(np.arange(6, dtype=np.float64).reshape(3, 2), name="u")
+
+    def step(x, g):
+        y = x @ w.T  # read before w's update: no copy needed
+        old_u_t = u.T  # returned, so read after u's store: it keeps the old value
+        go.assign(w, w - g)
+        go.assign(u, u - g.T)
+        return y, old_u_t
+
+    fn = go.jit(step, backend="llvm", cache=False)
+    x, g = np.ones((4, 3)), np.full((2, 3), 0.5)
+    exe = fn.lower(x, g)
+    copied = [(v.node.op, p.name) for v, p in exe.program.copies]
+    assert copied == [("transpose", "u")], copied
+    y, old_u_t = fn(x, g)
+    np.testing.assert_array_equal(y, np.ones((4, 3)) @ np.arange(6.0).reshape(2, 3).T)
+    np.testing.assert_array_equal(old_u_t, np.arange(6.0).reshape(3, 2).T)
+    np.testing.assert_array_equal(w.numpy(), np.arange(6.0).reshape(2, 3) - 0.5)
+    report = str(exe.memory_report())
+    assert "copied when made" in report and "@u" in report
+
+
 def test_introspection_shows_llvm_ir_asm_and_keys():
     w = go.Parameter(np.ones(1024, np.float32), name="w")
     exe = go.jit(sgd_step(w), backend="llvm", cache=False).lower(np.ones(1024, np.float32))

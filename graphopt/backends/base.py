@@ -64,15 +64,17 @@ class NativeNode(Protocol):
 
 def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
               native: Mapping[int, NativeNode] | None = None,
-              stored: Collection[Value] = ()) -> dict[str, np.ndarray]:
+              stored: Collection[Value] = (), keep: Collection[Value] = ()
+              ) -> dict[str, np.ndarray]:
     """Run the nodes in order on `env`, the graph's inputs, adding the values they make;
     return the new value of each assigned parameter (assigns and numpy-run kernels' stores
     are only collected: the caller commits them after the whole graph has run, so a step
     that fails part-way changes no Parameter).
 
     `native`: node id -> the compiled node that runs instead of numpy. `stored`: parameters
-    written in place while the nodes run; a numpy result that views one is copied when made,
-    so it keeps the value it was made from."""
+    written in place while the nodes run; `keep`: the values read once a store may have run.
+    A numpy result in `keep` that views a stored parameter is copied when made, so it keeps
+    the value it was made from."""
     updates: dict[str, np.ndarray] = {}
     roots = {id(root(env[v])) for v in stored if v in env}
     # NaN and Inf are values a training step works with (loss scaling looks for them).
@@ -88,8 +90,8 @@ def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
                 continue
             results = _numpy(node, [env[v] for v in node.inputs], updates)
             for v, r in zip(node.outputs, results):
-                env[v] = r.copy() if roots and isinstance(r, np.ndarray) and \
-                    id(root(r)) in roots else r
+                env[v] = r.copy() if roots and v in keep and isinstance(r, np.ndarray) \
+                    and id(root(r)) in roots else r
     return updates
 
 

@@ -122,10 +122,11 @@ class Executable:
         return pytree.unflatten(self._out_tree, results)
 
     def memory_report(self):
-        """Liveness of the graph as it runs: the peak bytes alive and the forward values kept
-        alive for the backward pass (see graphopt/ir/liveness.py); print it to read it."""
+        """Liveness of the graph as it runs: the peak bytes alive, the forward values kept
+        alive for the backward pass, and the values the backend copies, with why (see
+        graphopt/ir/liveness.py); print it to read it."""
         from ..ir.liveness import memory_report
-        return memory_report(self.graph)
+        return memory_report(self.graph, getattr(self.program, "copy_reasons", ()))
 
     # -- what the backend made --------------------------------------------------------------
     @property

@@ -67,6 +67,8 @@ class MemoryReport:
     backward_start: int | None  # index of the first backward node (None: no backward)
     backward_line: str  # that node, as printed
     kept: list[LiveRange] = field(default_factory=list)  # forward values read by backward
+    # Values the backend copies when they are made, each with why: (name, reason).
+    copies: list[tuple[str, str]] = field(default_factory=list)
 
     @property
     def peak_bytes(self) -> int:
@@ -83,6 +85,8 @@ class MemoryReport:
                  f"  peak: {_size(self.peak_bytes)} = inputs + "
                  f"{_size(self.peak_bytes - self.input_bytes)} of node outputs, at node "
                  f"{self.peak_node}: {self.peak_line}"]
+        for name, why in self.copies:
+            lines.append(f"  {name} is copied when made: {why}")
         if self.backward_start is None:
             lines.append("  no backward pass (no node made by autodiff)")
             return "\n".join(lines)
@@ -128,8 +132,9 @@ def live_ranges(graph: Graph) -> list[LiveRange]:
     return [LiveRange(v, name(v), d, last[v], labels[last[v]]) for v, d in defined.items()]
 
 
-def memory_report(graph: Graph) -> MemoryReport:
-    """The liveness report of a graph in its node order (the order the backend runs it)."""
+def memory_report(graph: Graph, copies: Iterable[tuple[Value, str]] = ()) -> MemoryReport:
+    """The liveness report of a graph in its node order (the order the backend runs it);
+    `copies`: the values the backend copies when they are made, each with the reason."""
     ranges = live_ranges(graph)
     n = len(graph.nodes)
     # A value is alive at every node from the one that makes it to its last reader.
@@ -147,9 +152,11 @@ def memory_report(graph: Graph) -> MemoryReport:
     work = [i for i in backward if graph.nodes[i].opdef.category != CONSTANT]
     start = min(work) if work else None
     kept = _kept_for_backward(graph, ranges, backward, start) if backward else []
+    names = {r.value: r.name for r in ranges}
     return MemoryReport(graph.name, n, sum(nbytes(v) for v in graph.inputs), live, peak,
                         _node_line(graph, peak) if n else "", start,
-                        _node_line(graph, start) if start is not None else "", kept)
+                        _node_line(graph, start) if start is not None else "", kept,
+                        [(names[v], why) for v, why in copies])
 
 
 def _kept_for_backward(graph: Graph, ranges: Iterable[LiveRange], backward: set[int],

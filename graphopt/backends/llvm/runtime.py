@@ -5,8 +5,10 @@ The nodes run in the loop the interpreter runs them in (backends/base.py): it ca
 kernels, and runs every other node (matmul, shape ops, a kernel whose op has no lowering)
 through numpy. A kernel's stores write the parameter buffers directly: no new tensor, no copy
 (the point of in-place updates). So that this stays invisible to the step:
-  - a numpy result that views a parameter stored in place later (a reshape, a depend) is
-    copied when made, so it keeps the value it was made from;
+  - a numpy result that views a parameter stored in place (a reshape, a transpose) and is
+    read once the store has run is copied when made, so it keeps the value it was made from;
+    which values can be read that late is decided from the schedule when the program is
+    made (a transpose of a weight that only the backward's matmuls read is not copied);
   - if anything that could fail runs after a kernel has stored, the stored parameters are
     backed up first and put back on failure: a step that fails changes nothing.
 Large kernels split their units over the machine's cores; ctypes calls drop the GIL.
@@ -331,10 +333,10 @@ class LLVMProgram:
         self._sink = graphsink.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
-        # Views of stored parameters can only come from nodes numpy runs (an effect, an
-        # assign, makes no value).
-        self.numpy_nodes = any(id(n) not in self.native and not n.opdef.has_effect
-                               for n in self.nodes)
+        # A numpy result that views a parameter a kernel stores in place must keep its value
+        # only if something reads it once a store has run: decided here, from the schedule.
+        self.read_late = _read_late(self.nodes, self.native, graph)
+        self.copies = _copies(self.nodes, self.native, self.read_late)
 
     def _may_fail(self, node: Node) -> bool:
         """Whether running this node could raise: anything numpy runs (a MemoryError, if
@@ -343,6 +345,12 @@ class LLVMProgram:
         if id(node) in self.native:
             return not self.sink and bool(node.body.outputs)
         return node.opdef.may_raise
+
+    @property
+    def copy_reasons(self) -> list[tuple[Value, str]]:
+        """Each value copied when made, with why (the memory report shows them)."""
+        return [(v, f"it views @{p.name}, which a kernel stores in place before the value's "
+                    f"last read") for v, p in self.copies]
 
     @property
     def native_calls(self) -> int:
@@ -375,7 +383,8 @@ class LLVMProgram:
         backups = {v: inputs[v].copy() for v in self.backed_up}
         try:
             updates = run_nodes(self.nodes, env, native=self.native,
-                                stored=self.stored if self.numpy_nodes else ())
+                                stored=self.stored if self.read_late else (),
+                                keep=self.read_late)
         except BaseException:
             for v, saved in backups.items():
                 np.copyto(inputs[v], saved)
@@ -482,6 +491,50 @@ def _unread_views_dropped(nodes: list[Node], native: dict[int, NativeKernel], gr
         needed.update(k.sources if k is not None else n.inputs)
         needed.update(n.after)
     return kept[::-1]
+
+
+def _first_store(nodes: list[Node], native: dict[int, NativeKernel]) -> int | None:
+    """The position of the first kernel that stores a parameter in place."""
+    return next((i for i, n in enumerate(nodes) if id(n) in native and kernel_ir.written(n)),
+                None)
+
+
+def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph
+               ) -> set[Value]:
+    """The values numpy makes that something reads when or after the first in-place store
+    runs: a value returned by the step; one a node at or after that store reads; one a view
+    made by numpy reads, if the view is read late (the view is its memory). Only these can
+    see a store through a view, so only these are copied when they view a stored parameter
+    (base.run_nodes checks what they view as they are made)."""
+    first = _first_store(nodes, native)
+    if first is None:
+        return set()
+    last = dict.fromkeys(graph.returned(), len(nodes))  # the step's results: read at the end
+    for i in reversed(range(len(nodes))):
+        n = nodes[i]
+        k = native.get(id(n))
+        until = i
+        if k is None and n.opdef.view is not None:
+            until = max([i, *(last.get(v, i) for v in n.outputs)])
+        for v in (k.sources if k is not None else n.operands()):
+            last[v] = max(last.get(v, -1), until)
+    made = {v for n in nodes if id(n) not in native and not n.opdef.has_effect
+            for v in n.outputs}
+    return {v for v in made if last.get(v, -1) >= first}
+
+
+def _copies(nodes: list[Node], native: dict[int, NativeKernel], read_late: set[Value]
+            ) -> list[tuple[Value, Value]]:
+    """(value, parameter) for each numpy view of a parameter stored in place that is read
+    after the store, so it is copied when made: the plan the memory report shows."""
+    stored = {v for n in nodes if id(n) in native for v in kernel_ir.written(n)}
+    out = []
+    for v in read_late:
+        base = view_source(v)[0]
+        if base is not v and base in stored:
+            out.append((v, base))
+    order = {v: i for i, n in enumerate(nodes) for v in n.outputs}
+    return sorted(out, key=lambda c: order[c[0]])
 
 
 def _stores_last(nodes: list[Node], native: dict[int, NativeKernel]) -> list[Node]:
