@@ -14,7 +14,7 @@ import numpy as np
 from ..errors import ExecutionError, GraphoptError
 from ..ir import kernel
 from ..ir.graph import Graph, Node, Value
-from ..ir.registry import evaluate, evaluate_element
+from ..ir.registry import evaluate, evaluate_element, evaluate_into
 
 
 class Program(Protocol):
@@ -64,8 +64,8 @@ class NativeNode(Protocol):
 
 def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
               native: Mapping[int, NativeNode] | None = None,
-              stored: Collection[Value] = (), keep: Collection[Value] = ()
-              ) -> dict[str, np.ndarray]:
+              stored: Collection[Value] = (), keep: Collection[Value] = (),
+              into: Mapping[Value, np.ndarray] | None = None) -> dict[str, np.ndarray]:
     """Run the nodes in order on `env`, the graph's inputs, adding the values they make;
     return the new value of each assigned parameter (assigns and numpy-run kernels' stores
     are only collected: the caller commits them after the whole graph has run, so a step
@@ -74,7 +74,8 @@ def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
     `native`: node id -> the compiled node that runs instead of numpy. `stored`: parameters
     written in place while the nodes run; `keep`: the values read once a store may have run.
     A numpy result in `keep` that views a stored parameter is copied when made, so it keeps
-    the value it was made from."""
+    the value it was made from. `into`: the planned buffer of each value a numpy node
+    computes into (registry.evaluate_into) instead of allocating."""
     updates: dict[str, np.ndarray] = {}
     roots = {id(root(env[v])) for v in stored if v in env}
     # NaN and Inf are values a training step works with (loss scaling looks for them).
@@ -88,7 +89,8 @@ def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
             if compiled is not None:
                 env.update(zip(node.outputs, compiled.run_in(env)))
                 continue
-            results = _numpy(node, [env[v] for v in node.inputs], updates)
+            buffer = into.get(node.outputs[0]) if into and node.outputs else None
+            results = _numpy(node, [env[v] for v in node.inputs], updates, out=buffer)
             for v, r in zip(node.outputs, results):
                 env[v] = r.copy() if roots and v in keep and isinstance(r, np.ndarray) \
                     and id(root(r)) in roots else r
@@ -96,13 +98,16 @@ def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
 
 
 def _numpy(node: Node, args: list[Any], updates: dict[str, np.ndarray],
-           fused: bool = False) -> Any:
+           fused: bool = False, out: np.ndarray | None = None) -> Any:
     """A node's numpy semantics (a kernel's stores go into `updates`; `fused`: a node of a
-    kernel's body, one result), with numpy's own exception (an integer to a negative power, a
-    MemoryError) as the ExecutionError that says which node failed, and where."""
+    kernel's body, one result; `out`: the array to compute the one result into), with
+    numpy's own exception (an integer to a negative power, a MemoryError) as the
+    ExecutionError that says which node failed, and where."""
     try:
         if fused:  # on whole arrays: the numpy function of the unfused op
             return evaluate_element(node.opdef, args, node.attrs, node.outputs[0].type)
+        if out is not None:
+            return [evaluate_into(node.opdef, args, node.attrs, out)]
         if node.body is None:
             return evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
         results, writes = kernel.run(node, args, _fused)

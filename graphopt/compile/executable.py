@@ -126,7 +126,8 @@ class Executable:
         alive for the backward pass, and the values the backend copies, with why (see
         graphopt/ir/liveness.py); print it to read it."""
         from ..ir.liveness import memory_report
-        return memory_report(self.graph, getattr(self.program, "copy_reasons", ()))
+        return memory_report(self.graph, getattr(self.program, "copy_reasons", ()),
+                             getattr(self.program, "plan", None))
 
     # -- what the backend made --------------------------------------------------------------
     @property

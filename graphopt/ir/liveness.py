@@ -18,7 +18,7 @@ report shows by how much.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import Any, Iterable
 
 from .graph import Graph, Node, Value
 from .printer import Namer, format_node
@@ -69,6 +69,10 @@ class MemoryReport:
     kept: list[LiveRange] = field(default_factory=list)  # forward values read by backward
     # Values the backend copies when they are made, each with why: (name, reason).
     copies: list[tuple[str, str]] = field(default_factory=list)
+    # The backend's memory plan, if it has one: the arena it allocated once, the values in
+    # it and their bytes one buffer each, and the values numpy allocates itself (names).
+    planned: tuple[int, int, int] | None = None
+    unplanned: list[str] = field(default_factory=list)
 
     @property
     def peak_bytes(self) -> int:
@@ -85,6 +89,13 @@ class MemoryReport:
                  f"  peak: {_size(self.peak_bytes)} = inputs + "
                  f"{_size(self.peak_bytes - self.input_bytes)} of node outputs, at node "
                  f"{self.peak_node}: {self.peak_line}"]
+        if self.planned is not None:
+            arena, count, total = self.planned
+            lines.append(f"  planned: {count} intermediate value{'s' * (count != 1)} "
+                         f"({_size(total)} one buffer each) in one arena of {_size(arena)}, "
+                         f"allocated once")
+            if self.unplanned:
+                lines.append(f"  allocated by numpy each step: {', '.join(self.unplanned)}")
         for name, why in self.copies:
             lines.append(f"  {name} is copied when made: {why}")
         if self.backward_start is None:
@@ -132,9 +143,12 @@ def live_ranges(graph: Graph) -> list[LiveRange]:
     return [LiveRange(v, name(v), d, last[v], labels[last[v]]) for v, d in defined.items()]
 
 
-def memory_report(graph: Graph, copies: Iterable[tuple[Value, str]] = ()) -> MemoryReport:
+def memory_report(graph: Graph, copies: Iterable[tuple[Value, str]] = (),
+                  plan: Any = None) -> MemoryReport:
     """The liveness report of a graph in its node order (the order the backend runs it);
-    `copies`: the values the backend copies when they are made, each with the reason."""
+    `copies`: the values the backend copies when they are made, each with the reason;
+    `plan`: the backend's memory plan (`arena_bytes`, `buffers`, `value_bytes`,
+    `unplanned`), if it has one."""
     ranges = live_ranges(graph)
     n = len(graph.nodes)
     # A value is alive at every node from the one that makes it to its last reader.
@@ -156,7 +170,10 @@ def memory_report(graph: Graph, copies: Iterable[tuple[Value, str]] = ()) -> Mem
     return MemoryReport(graph.name, n, sum(nbytes(v) for v in graph.inputs), live, peak,
                         _node_line(graph, peak) if n else "", start,
                         _node_line(graph, start) if start is not None else "", kept,
-                        [(names[v], why) for v, why in copies])
+                        [(names[v], why) for v, why in copies],
+                        None if plan is None else (plan.arena_bytes, len(plan.buffers),
+                                                   plan.value_bytes),
+                        [] if plan is None else [names[v] for v in plan.unplanned])
 
 
 def _kept_for_backward(graph: Graph, ranges: Iterable[LiveRange], backward: set[int],

@@ -160,18 +160,23 @@ def _reduction(name: str, impl: Callable[..., Any], kinds: tuple[str, ...],
             shape = tuple(s for i, s in enumerate(x.shape) if i not in axes)
         return [TensorType(shape, x.dtype)]
 
-    def run(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+    def into(out: np.ndarray | None, x: np.ndarray, axes: tuple[int, ...], keepdims: bool
+             ) -> np.ndarray:
         # numpy adds in memory order: C order, as eager mode holds values, so a transposed
         # value sums alike in both
         x = np.asarray(x, order="C")
         if x.dtype in _HALVES:
             # f16 and bf16 accumulate in f32 and round once (numpy does so for f16 only; a
             # bf16 sum in bf16 stops growing after a few hundred elements)
-            return impl(x.astype(np.float32), axis=tuple(axes), keepdims=keepdims).astype(x.dtype)
-        return impl(x, axis=tuple(axes), keepdims=keepdims)
+            r = impl(x.astype(np.float32), axis=tuple(axes), keepdims=keepdims).astype(x.dtype)
+            return r if out is None else np.copyto(out, r) or out
+        return impl(x, axis=tuple(axes), keepdims=keepdims, out=out)
+
+    def run(x: np.ndarray, axes: tuple[int, ...], keepdims: bool) -> np.ndarray:
+        return into(None, x, axes, keepdims)
 
     return register(OpDef(name, REDUCTION, infer, run, attrs=("axes", "keepdims"),
-                          attr_kinds=(INTS_ATTR, BOOL_ATTR)))
+                          attr_kinds=(INTS_ATTR, BOOL_ATTR), into=into))
 
 
 _HALVES = (f16.np_dtype, bf16.np_dtype)
@@ -359,7 +364,8 @@ def _matmul_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 
 
 register(OpDef("matmul", LINALG, _matmul_infer, np.matmul,
-               doc="numpy.matmul: batched, 1-D operands promoted and the axis removed"))
+               doc="numpy.matmul: batched, 1-D operands promoted and the axis removed",
+               into=lambda out, a, b: np.matmul(a, b, out=out)))
 
 
 # -- constants ----------------------------------------------------------------------------------
@@ -396,7 +402,8 @@ register(OpDef("constant", CONSTANT, _constant_infer, _constant_impl,
                attrs=("value", "shape", "dtype"), type_attrs=("shape", "dtype"),
                attr_kinds=(VALUE_ATTR, SHAPE_ATTR, DTYPE_ATTR),
                fixed_dtype=True,
-               doc="a scalar value filled over the shape, or an array of exactly the shape"))
+               doc="a scalar value filled over the shape, or an array of exactly the shape",
+               into=lambda out, value, shape, dtype: np.copyto(out, value, casting="unsafe")))
 
 
 # -- effects and ordering -----------------------------------------------------------------------

@@ -125,6 +125,9 @@ class OpDef:
     # Traits passes and backends read (MLIR's Commutative; "can fail at run time"):
     commutative: bool = False  # op(x, y) == op(y, x): cse merges either order
     may_raise: bool = True  # running it may raise (anything that allocates: a MemoryError)
+    # `into(out, *arrays, **attrs)` computes the one result into `out`, an array of exactly
+    # the result type (numpy's out=), so a backend can give it a buffer planned in advance.
+    into: Callable[..., Any] | None = None
 
     @property
     def has_effect(self) -> bool:
@@ -206,6 +209,25 @@ def evaluate_element(op: OpDef, arrays: Sequence[Any], attrs: dict[str, Any],
     """An elementwise op of a kernel body on whole arrays: the declared dtype, any shape."""
     return np.asarray(op.impl(*_widened(op, arrays), **attrs)).astype(out_type.dtype.np_dtype,
                                                                      copy=False)
+
+
+def writes_into(op: OpDef, types: Sequence[Type]) -> bool:
+    """Whether `evaluate_into` can compute this op on inputs of these types into a given
+    array: ops that declare `into`, and numpy ufuncs that need no widening (not f16/bf16)."""
+    if op.into is not None:
+        return True
+    return isinstance(op.impl, np.ufunc) and op.category == ELEMENTWISE and not any(
+        isinstance(t, TensorType) and t.dtype.np_dtype in _HALVES for t in types)
+
+
+def evaluate_into(op: OpDef, arrays: Sequence[np.ndarray], attrs: dict[str, Any],
+                  out: np.ndarray) -> np.ndarray:
+    """`evaluate` of an op that `writes_into`, into `out`; returns `out`."""
+    if op.into is not None:
+        op.into(out, *arrays, **attrs)
+    else:
+        op.impl(*arrays, out=out, **attrs)
+    return out
 
 
 def evaluate(op: OpDef, arrays: Sequence[np.ndarray], attrs: dict[str, Any],

@@ -30,9 +30,10 @@ from ...errors import ExecutionError, LoweringError
 from ...ir import kernel as kernel_ir
 from ...ir.analysis import run_order, view_source
 from ...ir.graph import Graph, Node, Value
-from ...ir.types import contiguous_strides
+from ...ir.registry import writes_into
+from ...ir.types import TensorType, contiguous_strides
 from ..base import run_nodes
-from . import engine, graphsink
+from . import engine, graphsink, memplan
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
 from .target import Target, selected
@@ -164,6 +165,20 @@ class NativeKernel:
         # by the first (compiling a kernel too large to run, to look at it, needs none).
         self._partials: np.ndarray | None = None
         self._splits: dict[int, list[tuple[int, int]]] = {}
+        self._planned: list[list[np.ndarray | None]] | None = None  # see use_planned
+
+    def use_planned(self, buffers: dict[Value, np.ndarray]) -> None:
+        """Write the outputs into these buffers of the memory plan, every call: their
+        pointers go into the table once, and no call allocates."""
+        outputs = self.node.outputs
+        per = len(self.node.body.outputs)
+        rows: list[list[np.ndarray | None]] = [[None] * per for _ in self.node.attrs["spaces"]]
+        base = len(self.node.inputs)
+        for slot, (i, k) in enumerate([(i, k) for i, k, *_ in self._maps]
+                                      + [(i, k) for i, k, _ in self._reduced]):
+            out = rows[i][k] = buffers[outputs[i * per + k]]
+            self._args[base + slot] = memory.address(out)
+        self._planned = rows
 
     @property
     def _partials_ptr(self) -> int:
@@ -215,6 +230,8 @@ class NativeKernel:
         outputs = len(self.node.body.outputs)
         if not outputs:  # a kernel that only stores: nothing to allocate
             return []
+        if self._planned is not None:
+            return self._planned
         rows: list[list[np.ndarray | None]] = [[None] * outputs
                                                for _ in self.node.attrs["spaces"]]
         base = len(self.node.inputs)
@@ -337,6 +354,28 @@ class LLVMProgram:
         # only if something reads it once a store has run: decided here, from the schedule.
         self.read_late = _read_late(self.nodes, self.native, graph)
         self.copies = _copies(self.nodes, self.native, self.read_late)
+        self.plan = self._plan()
+        self.buffers = self.plan.buffers
+
+    def _reads(self, node: Node) -> list[Value]:
+        k = self.native.get(id(node))
+        return k.sources if k is not None else node.operands()
+
+    def _plan(self) -> memplan.MemoryPlan:
+        """Buffers for what the kernels and the numpy nodes that can write into an array
+        make; the kernels are told theirs."""
+        planned, unplanned = [], []
+        for n in self.nodes:
+            if id(n) in self.native:
+                planned += [v for v in n.outputs if isinstance(v.type, TensorType)]
+            elif n.body is None and n.opdef.view is None and not n.opdef.has_effect:
+                into = len(n.outputs) == 1 and writes_into(n.opdef, [v.type for v in n.inputs])
+                (planned if into else unplanned).extend(n.outputs)
+        p = memplan.plan(self.nodes, self._reads, self.graph, planned, unplanned)
+        for k in self.kernels:
+            if k.node.body.outputs:
+                k.use_planned(p.buffers)
+        return p
 
     def _may_fail(self, node: Node) -> bool:
         """Whether running this node could raise: anything numpy runs (a MemoryError, if
@@ -384,7 +423,7 @@ class LLVMProgram:
         try:
             updates = run_nodes(self.nodes, env, native=self.native,
                                 stored=self.stored if self.read_late else (),
-                                keep=self.read_late)
+                                keep=self.read_late, into=self.buffers)
         except BaseException:
             for v, saved in backups.items():
                 np.copyto(inputs[v], saved)
