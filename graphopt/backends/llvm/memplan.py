@@ -16,7 +16,7 @@ are not planned; the memory report lists them.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Callable, Collection, Mapping, Sequence
+from typing import Callable, Collection, Sequence
 
 import numpy as np
 
@@ -111,9 +111,3 @@ def overlapping(p: MemoryPlan) -> list[tuple[Value, Value]]:
                 out.append((a, b))
     return out
 
-
-def planned_outputs(kernel_slots: Mapping[Value, np.ndarray], values: Sequence[Value]
-                    ) -> list[np.ndarray] | None:
-    """The planned arrays of a kernel's outputs in slot order, or None if any is not."""
-    arrays = [kernel_slots.get(v) for v in values]
-    return None if any(a is None for a in arrays) else arrays  # type: ignore[return-value]
