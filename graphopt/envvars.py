@@ -209,11 +209,20 @@ def get(name: str) -> str:
     return os.environ.get(name, var.default)
 
 
+_parsed: dict[tuple[str, str], Any] = {}  # (name, text) -> value: a step reads some per kernel
+
+
 def _parse(var: Variable, text: str, where: str) -> Any:
     try:
-        return var.parse(text.strip() or var.default)
+        return _parsed[var.name, text]
+    except KeyError:
+        pass
+    try:
+        value = var.parse(text.strip() or var.default)
     except _Invalid as e:
         raise SwitchError(var.name, text, var.allowed, e.problem, where) from None
+    _parsed[var.name, text] = value
+    return value
 
 
 def value(name: str) -> Any:

@@ -29,7 +29,8 @@ class Program(Protocol):
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
                                                             dict[str, np.ndarray]]:
         """The graph's outputs, and the new value of each parameter it did not already
-        update in place (the caller commits them once the whole graph has run)."""
+        update in place (the caller commits them once the whole graph has run). An output
+        may be a buffer the program reuses: copy it before the next run."""
         ...
 
 

@@ -103,8 +103,9 @@ class NativeKernel:
         return self.optimized_ir or str(engine.optimize(self.module, self.target))
 
     def splits(self) -> list[tuple[int, int]]:
-        """Unit ranges, one per thread; reductions split only at block edges."""
-        n = min(threads(), max(1, self._elements // PARALLEL_MIN_ELEMENTS))
+        """Unit ranges, one per thread (of `self.threads`, which the program sets from
+        GRAPHOPT_THREADS once a step); reductions split only at block edges."""
+        n = min(self.threads, max(1, self._elements // PARALLEL_MIN_ELEMENTS))
         if n not in self._splits:
             self._splits[n] = self._split(n)
         return self._splits[n]
@@ -166,12 +167,17 @@ class NativeKernel:
         self._partials: np.ndarray | None = None
         self._splits: dict[int, list[tuple[int, int]]] = {}
         self._planned: list[list[np.ndarray | None]] | None = None  # see use_planned
+        self.threads = threads()
 
     def use_planned(self, buffers: dict[Value, np.ndarray]) -> None:
         """Write the outputs into these buffers of the memory plan, every call: their
         pointers go into the table once, and no call allocates."""
+        # Operands in the plan are contiguous and aligned by construction: no check per call.
+        self._unchecked = [i for i in self._unchecked if self.sources[i] not in buffers]
         outputs = self.node.outputs
         per = len(self.node.body.outputs)
+        if not per:
+            return
         rows: list[list[np.ndarray | None]] = [[None] * per for _ in self.node.attrs["spaces"]]
         base = len(self.node.inputs)
         for slot, (i, k) in enumerate([(i, k) for i, k, *_ in self._maps]
@@ -190,7 +196,8 @@ class NativeKernel:
                 raise ExecutionError(f"kernel {self.name}: its reductions need {8 * n} bytes "
                                      f"of partial results, more than there is memory for; "
                                      f"no parameter was changed") from None
-        return self._partials.ctypes.data
+            self._partials_address = self._partials.ctypes.data
+        return self._partials_address
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         rows = self.prepare(arrays)
@@ -356,6 +363,7 @@ class LLVMProgram:
         self.copies = _copies(self.nodes, self.native, self.read_late)
         self.plan = self._plan()
         self.buffers = self.plan.buffers
+        self._threads = threads()
 
     def _reads(self, node: Node) -> list[Value]:
         k = self.native.get(id(node))
@@ -373,8 +381,7 @@ class LLVMProgram:
                 (planned if into else unplanned).extend(n.outputs)
         p = memplan.plan(self.nodes, self._reads, self.graph, planned, unplanned)
         for k in self.kernels:
-            if k.node.body.outputs:
-                k.use_planned(p.buffers)
+            k.use_planned(p.buffers)
         return p
 
     def _may_fail(self, node: Node) -> bool:
@@ -414,6 +421,11 @@ class LLVMProgram:
         numpy computed (kernels store theirs in place). If a node fails, the parameters
         stored in place so far are put back before the error propagates."""
         env: dict[Value, object] = dict(inputs)
+        n = threads()  # read once a step: the environment is slow to read, kernel by kernel
+        if n != self._threads:
+            for k in self.kernels:
+                k.threads = n
+            self._threads = n
         # An output that is a stored parameter itself keeps its value from before the step.
         early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
         if self.sink:
