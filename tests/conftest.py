@@ -12,8 +12,8 @@ def rng():
 @pytest.fixture
 def reference_backend(monkeypatch):
     """jit uses the numpy interpreter: for tests that compare with numpy bit for bit (the
-    llvm backend's exp, log and pow come from the C library, its sums are blocked; tests of
-    it are in test_llvm.py, with stated tolerances)."""
+    llvm backend's exp, log and tanh are its own, pow comes from the C library, its sums are
+    blocked; tests of it are in test_llvm.py and test_mathfns.py, with stated tolerances)."""
     monkeypatch.setenv("GRAPHOPT_BACKEND", "interpreter")
 
 

@@ -34,8 +34,9 @@ def test_low_precision_rsqrt_gives_the_interpreters_bits(dtype):
 
 def test_f16_gelu_is_within_one_ulp_of_the_interpreter():
     """Both compute in f32 and round once (it was numpy rounding 1 + tanh(...) to f16 that
-    cancelled). Where 1 + tanh(z) cancels (x < -3) the two libm's tanhf, a last bit apart,
-    still give results apart by 0.5 |x| 2^-24: an absolute tolerance of that."""
+    cancelled). Where 1 + tanh(z) cancels (x < -3) the two tanh (numpy's and graphopt's
+    inline one), a last bit apart, still give results apart by 0.5 |x| 2^-24: an absolute
+    tolerance of that."""
     x = np.linspace(-6.0, 6.0, 400).astype(np.float16)
     ref = go.jit(ops.gelu, backend="interpreter")(x).astype(np.float64)
     got = go.jit(ops.gelu, backend="llvm")(x).astype(np.float64)

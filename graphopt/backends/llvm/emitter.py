@@ -12,9 +12,12 @@ Floating-point flags: none by default, so every +, -, *, /, sqrt, comparison, se
 rounds exactly as numpy's does (IEEE 754, one rounding per op; f16 and bf16 results are
 rounded after each op, as numpy does): an optimizer update gives the interpreter's bits.
 Not even `contract`: fusing a multiply-add would round once instead of twice, and these
-kernels are bound by memory, not by arithmetic. exp, log, pow and tanh come from the C math
-library (numpy has its own; they may differ in the last bit). `fastmath=True` puts `fast` on
-every float instruction.
+kernels are bound by memory, not by arithmetic. exp, log, log1p and tanh of f32 are inline
+polynomials (mathfns.py), within the few ulp docs/llvm.md states, with the same bits at every
+CPU level; of f64, and pow, sin and cos, they come from the C math library (numpy has its
+own; they may differ in the last bit). `fastmath=True` puts `fast` on every float
+instruction the emitter makes (not on mathfns's, whose rounding trick needs exact IEEE
+arithmetic).
 """
 from __future__ import annotations
 
@@ -26,6 +29,7 @@ from llvmlite import ir
 
 from ...errors import LoweringError
 from ...ir.types import DType
+from . import mathfns
 
 F32, F64 = ir.FloatType(), ir.DoubleType()
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
@@ -118,10 +122,10 @@ class Emitter:
         return self.intrinsic("llvm.sqrt", x)
 
     def exp(self, x):
-        return self.intrinsic("llvm.exp", x)
+        return self.math("exp", x)
 
     def log(self, x):
-        return self.intrinsic("llvm.log", x)
+        return self.math("log", x)
 
     def sin(self, x):
         return self.intrinsic("llvm.sin", x)
@@ -130,10 +134,17 @@ class Emitter:
         return self.intrinsic("llvm.cos", x)
 
     def tanh(self, x):
-        return self.libm("tanh", x)
+        return self.math("tanh", x)
 
     def log1p(self, x):
-        return self.libm("log1p", x)
+        return self.math("log1p", x)
+
+    def math(self, name: str, x):
+        """exp, log, log1p or tanh: f32 inline (mathfns.py: no call, so the loop vectorizes),
+        f64 from the C math library."""
+        if x.type == F32:
+            return mathfns.FUNCTIONS[name](self.b, x)
+        return self.libm(name, x)
 
     def libm(self, name: str, x):
         """A call to the C math library (resolved in this process when the code is loaded)."""

@@ -7,8 +7,8 @@ f16 conversion is a call to a compiler-rt routine (`__extendhfsf2`, `__truncsfhf
 to f16 is one on every x86 CPU (`__truncdfhf2`); the C library that has them (libgcc_s) is
 often not loaded into Python. So before any object code is linked, `check` reads the symbols
 it leaves undefined and makes sure each one resolves: to one of HELPERS, the functions
-graphopt provides itself, or else to a function of this process (the C math library's
-`expf`, libc's `memset`). Anything else is a LoweringError naming the symbol and the kernel.
+graphopt provides itself, or else to a function of this process (the C math library's `exp`
+for f64, libc's `memset`). Anything else is a LoweringError naming the symbol and the kernel.
 """
 from __future__ import annotations
 

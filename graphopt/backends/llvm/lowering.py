@@ -20,6 +20,13 @@ def _softplus(e: Any, x: Any) -> Any:
     return e.add(e.maximum(x, e.like(x, 0)), e.log1p(e.exp(e.neg(e.abs(x)))))
 
 
+def _sigmoid(e: Any, x: Any) -> Any:
+    """1 / (1 + t) for x >= 0, t / (1 + t) below, t = exp(-|x|): one exp, no overflow."""
+    t = e.exp(e.neg(e.abs(x)))
+    top = e.select(e.compare(">=", x, e.like(x, 0)), e.like(x, 1), t)
+    return e.div(top, e.add(e.like(x, 1), t))
+
+
 def _gelu(e: Any, x: Any) -> Any:
     inner = e.mul(e.like(x, GELU_C), e.add(x, e.mul(e.like(x, GELU_A), e.mul(x, e.mul(x, x)))))
     return e.mul(e.mul(e.like(x, 0.5), x), e.add(e.like(x, 1), e.tanh(inner)))
@@ -60,7 +67,7 @@ LOWERING: dict[str, Lowering] = {
     "cast": lambda e, x, dtype: e.cast(x, e.in_dtypes[0], to_dtype(dtype)),
     "relu": lambda e, x: e.maximum(x, e.like(x, 0)),
     "tanh": lambda e, x: e.tanh(x),
-    "sigmoid": lambda e, x: e.exp(e.neg(_softplus(e, e.neg(x)))),
+    "sigmoid": _sigmoid,
     "softplus": _softplus,
     "gelu": _gelu,
     "stop_gradient": lambda e, x: x,

@@ -19,6 +19,7 @@ import ctypes
 import math
 import operator
 import os
+import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -56,6 +57,21 @@ def _workers() -> ThreadPoolExecutor:
                                    thread_name_prefix="graphopt")
         _pool_pid = os.getpid()
     return _pool
+
+
+_VECTOR = re.compile(r"<(\d+) x (float|double|half|bfloat|i\d+)>")
+_BITS = {"float": 32, "double": 64, "half": 16, "bfloat": 16}
+
+
+def widest_vector(llvm_ir: str) -> str:
+    """The widest vector type in (optimised) LLVM IR, by bits, floats before integers of the
+    same width (`<8 x float>` with AVX2), or "none" where nothing was vectorized."""
+    best, name = (0, 0), "none"
+    for lanes, elem in sorted(set(_VECTOR.findall(llvm_ir))):
+        bits = int(lanes) * _BITS.get(elem, int(elem[1:]) if elem[0] == "i" else 0)
+        if (bits, elem in _BITS) > best:
+            best, name = (bits, elem in _BITS), f"<{lanes} x {elem}>"
+    return name
 
 
 @dataclass
@@ -409,9 +425,13 @@ class LLVMProgram:
         comment = "#" if kind == "asm" else ";"
         show = {"llvm": NativeKernel.optimized, "llvm-raw": lambda k: k.ir_text,
                 "asm": NativeKernel.asm}[kind]
-        parts = [f"{comment} kernel {k.name} (cache key {k.key[:16]}, "
-                 f"{'cached' if k.cache_hit else f'compiled in {k.compile_seconds * 1e3:.1f} ms'})"
-                 f"\n{show(k)}" for k in self.kernels]
+        parts = []
+        for k in self.kernels:
+            text = show(k)
+            width = f", widest vector {widest_vector(text)}" if kind == "llvm" else ""
+            made = "cached" if k.cache_hit else f"compiled in {k.compile_seconds * 1e3:.1f} ms"
+            parts.append(f"{comment} kernel {k.name} (cache key {k.key[:16]}, {made}{width})"
+                         f"\n{text}")
         parts += [f"{comment} runs through numpy: {f.reason}" for f in self.fallbacks]
         return "\n".join(parts)
 
