@@ -1,6 +1,6 @@
 """The LLVM backend's inline f32 exp, log, log1p and tanh (backends/llvm/mathfns.py), and the
 ops made of them: within the ulp bounds docs/llvm.md states, exact at the special values, the
-same bits at every CPU level, vectorized."""
+same bits at every CPU level, vectorized, and gelu's tanh computed once forward and back."""
 import re
 
 import numpy as np
@@ -160,3 +160,18 @@ def test_transcendental_kernels_vectorize_with_no_calls(op):
     calls = set(re.findall(r"call [^@]*@([\w.]+)", text))
     assert all(c.startswith("llvm.") for c in calls), calls
     assert "widest vector <8 x float>" in listing.splitlines()[0]
+
+
+def test_gelu_forward_and_backward_compute_tanh_once():
+    """The VJP builds tanh's argument op for op as the forward does (opdefs.gelu_inner): the
+    kernel's body holds one tanh node besides gelu, and LLVM merges it with gelu's own, so the
+    optimised kernel has as many divisions (tanh has one, nothing else in gelu's or its
+    gradient's formula any) as the forward alone."""
+    x = np.linspace(-4, 4, 4096, dtype=np.float32)
+    both = go.jit(go.value_and_grad(lambda x: ops.gelu(x).sum()), cache=False).lower(x)
+    (kernel,) = [n for n in both.graph.nodes if n.op == "kernel"]
+    ops_in_body = [n.op for n in kernel.body.nodes]
+    assert ops_in_body.count("tanh") == 1 and ops_in_body.count("gelu") == 1
+    forward = go.jit(lambda x: ops.gelu(x).sum(), cache=False).lower(x)
+    divisions = lambda exe: len(re.findall(r"= fdiv ", exe.llvm_ir()))  # noqa: E731
+    assert divisions(both) == divisions(forward) > 0

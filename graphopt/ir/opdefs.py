@@ -9,6 +9,7 @@ shapes broadcast as in numpy.
 from __future__ import annotations
 
 import math
+import operator
 from typing import Any, Callable, Sequence
 
 import numpy as np
@@ -435,8 +436,18 @@ GELU_C = math.sqrt(2 / math.pi)
 GELU_A = 0.044715
 
 
+def gelu_inner(x: Any, add: Callable = operator.add, mul: Callable = operator.mul,
+               const: Callable = lambda x, c: c) -> Any:
+    """sqrt(2/pi) (x + 0.044715 x^3), the argument of gelu's tanh, in one order of operations
+    for every place that computes it (this op's numpy function, its LLVM lowering, its VJP),
+    so that the VJP's tanh is the forward's, to the bit: LLVM computes it once. numpy arrays
+    and graph tensors take the defaults; the LLVM lowering passes its emitter's add, mul and
+    constants."""
+    return mul(const(x, GELU_C), add(x, mul(const(x, GELU_A), mul(x, mul(x, x)))))
+
+
 def _gelu(x: np.ndarray) -> np.ndarray:
-    return 0.5 * x * (1 + np.tanh(GELU_C * (x + GELU_A * x ** 3)))
+    return 0.5 * x * (1 + np.tanh(gelu_inner(x)))
 
 
 _elementwise("relu", 1, lambda x: np.maximum(x, 0), NUM, doc="max(x, 0); gradient 0 at x = 0")
