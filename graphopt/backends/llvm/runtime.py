@@ -197,7 +197,7 @@ class NativeKernel:
         rows: list[list[np.ndarray | None]] = [[None] * per for _ in self.node.attrs["spaces"]]
         base = len(self.node.inputs)
         for slot, (i, k) in enumerate([(i, k) for i, k, *_ in self._maps]
-                                      + [(i, k) for i, k, _ in self._reduced]):
+                                      + [(i, k) for i, k, *_ in self._reduced]):
             out = rows[i][k] = buffers[outputs[i * per + k]]
             self._args[base + slot] = memory.address(out)
         self._planned = rows
