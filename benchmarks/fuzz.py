@@ -78,10 +78,11 @@ KNOWN_BUGS: dict[str, str] = {}
 
 
 def reduce_tol(dtype: str, n: int) -> float:
-    """How far a full float reduction of n elements may be from the interpreter's, relative
-    to the sum of |x|: 1e-5 in f32 (docs/llvm.md), 1e-12 in f64 (as for libm: not stated);
-    f16/bf16 are summed in f32 (or wider) by both and rounded once: one ulp more. (n: the
-    bound does not grow with it while n is far below 1e-5 / 2^-24.)"""
+    """How far a native float reduction (full, or over leading axes) of n elements may be
+    from the interpreter's, relative to the sum of |x|: 1e-5 in f32 (docs/llvm.md), 1e-12 in
+    f64 (as for libm: not stated); f16/bf16 are summed in f32 (or wider) by both and rounded
+    once: one ulp more. (n: the bound does not grow with it while n is far below
+    1e-5 / 2^-24.)"""
     if dtype in ("f16", "bf16"):
         return 1e-5 + ULP[dtype]
     return {"f32": 1e-5, "f64": 1e-12}[dtype]
@@ -657,6 +658,8 @@ class Gen:
         shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape)) if keep else \
             tuple(s for i, s in enumerate(x.shape) if i not in axes)
         full = len(axes) == nd and not keep
+        # A reduction over the leading axes is a kernel output too ("sum@k"), summed natively.
+        native = full or (not keep and axes == tuple(range(len(axes))))
         n = int(np.prod([x.shape[i] for i in axes])) if axes else 1
         d = x.dtype
         method = self.chance(0.5)
@@ -669,18 +672,18 @@ class Gen:
             self.emit(expr, shape, d)
             return
         if op == "max":
-            err = e_max(x.err, c=0.0) if full or x.approx else None
-            if full and err is None:
+            err = e_max(x.err, c=0.0) if native or x.approx else None
+            if native and err is None:
                 err = lambda env: 0.0  # noqa: E731  (equal values: +0 and -0 may differ)
             self.emit(expr, shape, d, err, x.sign if n else "any")
             return
-        # (a per-axis reduction runs through numpy in every mode: exact on exact values)
+        # (a reduction over other axes runs through numpy in every mode: exact on exact values)
         tol = reduce_tol(d, n) + ULP[d]
-        err = e_sum(x.err, c=tol) if full or x.approx else None
+        err = e_sum(x.err, c=tol) if native or x.approx else None
         if x.rank >= 1:
             self.emit(expr, shape, d, err, "nonneg" if op == "sum" else x.sign)
             return
-        if err is None:  # a per-axis reduction of exact values: numpy in every mode
+        if err is None:  # a reduction over other axes of exact values: numpy in every mode
             self.emit(expr, shape, d)
             return
         # Values of both signs: the sum ends here, compared against its sum of |x|.

@@ -36,8 +36,8 @@ def run_program(prog: Sequence[tuple], params: list, args: Sequence[Any],
             pool.append(x ** c)
         elif kind in ("sum", "max", "mean"):
             outputs.append(getattr(x, kind)())
-        elif kind == "partial_sum":
-            outputs.append(x.sum(axis=0) if x.ndim else x)
+        elif kind in ("partial_sum", "partial_max", "partial_mean"):  # over the leading axis
+            outputs.append(getattr(x, kind[len("partial_"):])(axis=0) if x.ndim else x)
         elif kind == "assign":
             same_shape = [p for p in params if p.shape == tuple(x.shape)]
             go.assign(same_shape[b % len(same_shape)], x)

@@ -109,7 +109,8 @@ SAFE_UNARY = [ops.negative, ops.abs, lambda x: ops.sqrt(ops.abs(x)), lambda x: o
 SAFE_BINARY = [ops.add, ops.subtract, ops.multiply, lambda x, y: x / (ops.abs(y) + 1),
                ops.maximum, ops.minimum]
 programs = st.lists(st.tuples(st.sampled_from(["unary", "binary", "where", "sum", "max", "mean",
-                                               "assign", "const"]),
+                                               "assign", "const", "partial_sum", "partial_max",
+                                               "partial_mean"]),
                               st.integers(0, 99), st.integers(0, 99),
                               st.sampled_from([0.5, -2.0, 3.0, 0.0])),
                     min_size=1, max_size=12)
@@ -193,6 +194,79 @@ def test_reductions_are_deterministic_across_threads(monkeypatch):
             assert a.tobytes() == b.tobytes()  # the same bits, on any number of threads
     ref = [np.sum(x.astype(np.float64) ** 2), x.max(), np.mean(x.astype(np.float64) * 0.5)]
     np.testing.assert_allclose([float(r) for r in results[0]], ref, rtol=1e-5)
+
+
+def masked_reductions(h, mask, axes):
+    """A bias gradient's kernel: the masked cotangent (written too) and its sum, max and mean
+    over the leading axes ("sum@k", "max@k", "mean@k" outputs of one kernel)."""
+    g = ops.where(mask, h, h * 0)
+    means = [g.mean(axis=axes)] if g.dtype.is_float else []  # (a float op)
+    return (g * 2, g.sum(axis=axes), g.max(axis=axes), *means)
+
+
+# Not multiples of any vector width; (4000, 67) is cut between two threads, (300, 67) is
+# three blocks of rows; (1, 33): the reduced axis is of size 1; (3, 5, 129): two axes reduced.
+LEADING_CASES = [((300, 67), (0,)), ((4000, 67), (0,)), ((3, 5, 129), (0, 1)), ((1, 33), (0,)),
+                 ((7, 1), (0,)), ((2, 3, 4), (0,))]
+# How far a sum over leading axes may be from the interpreter's, relative to the sum of |x|:
+# the interpreter adds rows in the dtype (f16: in f32), the kernel in f64.
+LEADING_TOL = {np.float64: 1e-12, np.float32: 1e-5, np.float16: 2e-3}
+
+
+@pytest.mark.usefixtures("cpu_level")
+@pytest.mark.parametrize("threads", ["1", "2"])
+@pytest.mark.parametrize("dtype", [np.float16, np.float32, np.float64, np.int32, np.int64])
+def test_leading_axes_reductions_match_the_interpreter(dtype, threads, monkeypatch):
+    monkeypatch.setenv("GRAPHOPT_THREADS", threads)
+    rng = np.random.default_rng(5)
+    for shape, axes in LEADING_CASES:
+        h = (rng.standard_normal(shape) * 4).astype(dtype)
+        mask = rng.random(shape) < 0.6
+        step = lambda h, m, axes=axes: masked_reductions(h, m, axes)  # noqa: E731
+        ref = go.jit(step, backend="interpreter", cache=False)(h, mask)
+        fn = go.jit(step, backend="llvm", cache=False)
+        got = fn(h, mask)
+        (k,) = fn.lower(h, mask).kernels  # one kernel computes all four
+        assert sorted(k.node.attrs["outputs"]) == sorted(
+            ["map"] + [f"{op}@{len(axes)}" for op in ("sum", "max", "mean")[:len(ref) - 1]])
+        assert all(np.asarray(r).dtype == np.asarray(o).dtype and np.shape(r) == np.shape(o)
+                   for r, o in zip(ref, got))
+        assert np.asarray(ref[0]).tobytes() == np.asarray(got[0]).tobytes()  # the map
+        assert np.asarray(ref[2]).tobytes() == np.asarray(got[2]).tobytes()  # max: exact
+        if np.dtype(dtype).kind == "i":
+            assert np.asarray(ref[1]).tobytes() == np.asarray(got[1]).tobytes()
+            continue
+        g = np.where(mask, h, 0).astype(np.float64)
+        scale = np.abs(g).sum(axis=axes)
+        count = np.prod([shape[a] for a in axes])
+        for r, o, s in ((ref[1], got[1], scale), (ref[3], got[3], scale / count)):
+            err = np.abs(np.asarray(r, np.float64) - np.asarray(o, np.float64))
+            assert np.all(err <= LEADING_TOL[dtype] * s + np.finfo(dtype).tiny), (shape, err)
+        if dtype == np.float64:
+            continue
+        # A 16/32-bit kernel's sum is the exact one rounded once (f64 adds these exactly
+        # enough).
+        exact = g.sum(axis=axes)
+        np.testing.assert_allclose(np.asarray(got[1], np.float64), exact,
+                                   rtol=np.finfo(dtype).eps, atol=np.finfo(dtype).tiny)
+
+
+@pytest.mark.usefixtures("cpu_level")
+def test_leading_axes_reductions_are_deterministic_across_threads(monkeypatch):
+    """The blocks of rows are fixed (abi.BLOCK_ROWS at least): the same bits on one thread or
+    two, run after run."""
+    rng = np.random.default_rng(6)
+    h = rng.standard_normal((6001, 77)).astype(np.float32)
+    mask = rng.random(h.shape) < 0.5
+    step = lambda h, m: masked_reductions(h, m, (0,))[1:]  # noqa: E731
+    results = []
+    for n in ("1", "2", "2"):
+        monkeypatch.setenv("GRAPHOPT_THREADS", n)
+        fn = go.jit(step, backend="llvm", cache=False)
+        results.append([np.asarray(r).tobytes() for r in fn(h, mask)])
+        if n == "2":
+            assert len(fn.lower(h, mask).kernels[0].splits()) == 2
+    assert results[0] == results[1] == results[2]
 
 
 # -- the runtime's rules --------------------------------------------------------------------

@@ -16,8 +16,10 @@ constants and `store`s, and its return lists the element values it produces:
 
 The kernel runs the body once per element of its iteration space (`spaces`); an operand whose
 shape is smaller broadcasts into the space as in numpy. Each body output is either mapped
-(`"map"`: a tensor of the space's shape) or reduced over the whole space (`"sum"`, `"max"`,
-`"mean"`: a scalar). `store %xi, v` writes v into the buffer of operand i, which must be a
+(`"map"`: a tensor of the space's shape), reduced over the whole space (`"sum"`, `"max"`,
+`"mean"`: a scalar), or reduced over the space's leading k axes (`"sum@k"`, `"max@k"`,
+`"mean@k"`, 0 < k < the space's rank: a tensor of the remaining axes' shape, what
+`sum x {axes=[0, ..., k-1]}` gives; a bias gradient is `"sum@1"` of a [batch, features] space). `store %xi, v` writes v into the buffer of operand i, which must be a
 parameter of the full space shape: the in-place update an `assign` became. A kernel that
 stores yields one token after its value outputs.
 
@@ -46,7 +48,44 @@ from .types import TensorType, Type, token
 
 # A body output is mapped, or reduced by one of the reduction ops (a registry category).
 REDUCTIONS = tuple(name for name, op in REGISTRY.items() if op.category == REDUCTION)
-OUTPUT_KINDS = ("map",) + REDUCTIONS
+OUTPUT_KINDS = ("map",) + REDUCTIONS  # and "sum@k", ...: see split_kind
+
+
+def split_kind(kind: str) -> tuple[str, int | None]:
+    """An output kind's reduction op and how many leading axes it reduces (None: all of
+    them; "map" gives ("map", None)). Raises ValueError for a kind that is none of these."""
+    op, at, k = kind.partition("@")
+    if not at:
+        if op in OUTPUT_KINDS:
+            return op, None
+    elif op in REDUCTIONS and k.isdigit() and k == str(int(k)) and int(k) > 0:
+        return op, int(k)
+    raise ValueError(kind)
+
+
+def kind_for(op: str, axes: Sequence[int], ndim: int) -> str:
+    """The output kind of a reduction `op` over `axes` of an ndim-space: "sum" over every
+    axis, "sum@k" over the leading k."""
+    return op if len(axes) == ndim else f"{op}@{len(axes)}"
+
+
+def reduced_shape(kind: str, space: Sequence[int]) -> tuple[int, ...]:
+    """The shape of an output of `kind` (not "map") over `space`."""
+    k = split_kind(kind)[1]
+    return () if k is None else tuple(space)[k:]
+
+
+def reduced_axes(kind: str, space: Sequence[int]) -> tuple[int, ...]:
+    k = split_kind(kind)[1]
+    return tuple(range(len(space) if k is None else k))
+
+
+def _valid_kind(kind: str, spaces: list[tuple[int, ...]]) -> bool:
+    try:
+        k = split_kind(kind)[1]
+    except ValueError:
+        return False
+    return k is None or all(k < len(space) for space in spaces)
 
 
 def _store_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -143,9 +182,11 @@ def infer_types(node: Node) -> list[Type]:
         raise OpTypeError("kernel: spaces=[]: a kernel has an iteration space per instance, "
                           "and at least one instance")
     kinds = list(attrs["outputs"])
-    if len(kinds) != lay.body_outputs or any(k not in OUTPUT_KINDS for k in kinds):
-        raise OpTypeError(f"kernel: outputs={kinds} must give one of {list(OUTPUT_KINDS)} per "
-                          f"body output ({lay.body_outputs})")
+    spaces = [tuple(space) for space in attrs["spaces"]]
+    if len(kinds) != lay.body_outputs or not all(_valid_kind(k, spaces) for k in kinds):
+        raise OpTypeError(f"kernel: outputs={kinds} must give one of {list(OUTPUT_KINDS)}, or "
+                          f"a reduction over the leading k axes (\"sum@k\", 0 < k < the rank "
+                          f"of every space), per body output ({lay.body_outputs})")
     if any(not 0 <= j < lay.body_inputs for j in lay.shared) or \
             len(set(lay.shared)) != len(lay.shared) or \
             len(node.inputs) != lay.instances * len(lay.per_instance) + len(lay.shared):
@@ -153,11 +194,10 @@ def infer_types(node: Node) -> list[Type]:
                           f"instance(s) of a body with {lay.body_inputs} inputs, shared "
                           f"{list(lay.shared)} (distinct body inputs)")
     targets = {j for j, _ in stores(body)}
-    spaces = [tuple(space) for space in attrs["spaces"]]
     if not _operands_fit(node, lay, spaces, targets):
         _explain_misfit(node, lay, spaces, targets)
     by_output = [[TensorType(space, r.dtype) for space in spaces] if kind == "map" else
-                 [TensorType((), r.dtype)] * lay.instances
+                 [TensorType(reduced_shape(kind, space), r.dtype) for space in spaces]
                  for kind, r in zip(kinds, body.outputs)]
     out: list[Type] = [t for row in zip(*by_output) for t in row]
     return out + ([token] if lay.has_token else [])
@@ -245,8 +285,8 @@ def run(node: Node, arrays: Sequence[np.ndarray],
             full = np.broadcast_to(env[r], space)
             # The unfused reduction node's own semantics: the same summation order, and 16-bit
             # floats accumulated in f32.
-            result = full if kind == "map" else get_op(kind).impl(
-                full, axes=tuple(range(len(space))), keepdims=False)
+            result = full if kind == "map" else get_op(split_kind(kind)[0]).impl(
+                full, axes=reduced_axes(kind, space), keepdims=False)
             outputs.append(np.array(result, dtype=r.dtype.np_dtype))
     return outputs, writes
 
@@ -256,7 +296,7 @@ class KernelCost:
     """Memory traffic of one run of a kernel. Operands of the full iteration space stream:
     their bytes are counted per element. Smaller operands (scalars, broadcast rows) and
     reduction results are counted once, in `fixed_bytes`; `fixed_written` is the part of it
-    that is written (the reduction results)."""
+    that is written (the reduction results: a leading-axes reduction's whole result)."""
 
     read_per_element: int
     write_per_element: int
@@ -303,5 +343,6 @@ def cost(node: Node) -> KernelCost:
         if kind == "map":
             write += r.dtype.itemsize
         else:
-            reduced += r.dtype.itemsize * lay.instances
+            reduced += r.dtype.itemsize * sum(math.prod(reduced_shape(kind, space))
+                                              for space in spaces)
     return KernelCost(read, write, fixed + reduced, elements, reduced)

@@ -10,6 +10,10 @@ element (see ir/kernel.py), so its intermediate values never touch memory:
   - a full reduction (sum, max or mean over every axis: a gradient norm's sum of squares, the
     all-finite check of loss scaling) may end a kernel: it is an output of the group, and
     nothing in the same group may use it, because it exists only once the kernel is done;
+  - so may a reduction over the leading axes (axes=[0, ..., k-1], no keepdims: a bias
+    gradient, the sum over the batch of a [batch, features] cotangent), an output of kind
+    "sum@k": the kernel that makes the cotangent also reduces it, so it is read once (and not
+    written at all if nothing else reads it);
   - scalar constants are copied into every body that uses them (the only work fusion ever
     duplicates: they cost nothing to recompute and nothing to read);
   - a scalar computed only from scalar inputs (a learning rate cast to f32, a hyper-parameter
@@ -65,12 +69,19 @@ def space_of(n: Node) -> tuple[int, ...] | None:
     if n.opdef.has_effect:
         return n.inputs[0].shape
     if n.opdef.category == REDUCTION:
-        x = n.inputs[0]
-        full = tuple(n.attrs["axes"]) == tuple(range(x.type.ndim))
-        return x.shape if full and not n.attrs["keepdims"] else None
+        return n.inputs[0].shape if leading_axes(n) is not None else None
     if n.opdef.category == ELEMENTWISE and len(n.outputs) == 1:
         return n.outputs[0].shape
     return None
+
+
+def leading_axes(n: Node) -> int | None:
+    """How many leading axes a reduction node reduces, if those are all it reduces and it
+    keeps no size-1 axes (what a kernel output can be: "sum", or "sum@k"); None otherwise."""
+    axes, ndim = tuple(n.attrs["axes"]), n.inputs[0].type.ndim
+    if n.attrs["keepdims"] or axes != tuple(range(len(axes))) or (ndim and not axes):
+        return None
+    return len(axes)
 
 
 class _Fuser(Grouping):
@@ -113,7 +124,8 @@ class _Fuser(Grouping):
             for n in y.members:
                 for v in n.inputs:
                     if id(v) in done:
-                        return (f"{self.names[v]} is a full reduction: it exists only once its "
+                        full = "full " if v.shape == () else ""
+                        return (f"{self.names[v]} is a {full}reduction: it exists only once its "
                                 f"kernel has finished, so it cannot be used inside it")
         if a.space != b.space:
             if a.space == () or b.space == ():
@@ -298,7 +310,7 @@ class _Body:
                 target, value = self.element(n.inputs[0]), self.element(n.inputs[1])
                 stores.append(body.add_node("store", [target, value], loc=n.loc).out)
             elif n.opdef.category == REDUCTION:
-                kinds.append(n.op)
+                kinds.append(kernel_ir.kind_for(n.op, n.attrs["axes"], n.inputs[0].type.ndim))
                 results.append(n.out)
                 body.outputs.append(self.element(n.inputs[0]))
             else:

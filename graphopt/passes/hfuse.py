@@ -30,8 +30,8 @@ from .manager import PassContext, register
 
 def signature(k: Node) -> tuple | None:
     """What kernels must share to be one multi-tensor kernel; None if k cannot take part."""
-    if len(k.attrs["spaces"]) != 1:
-        return None
+    if len(k.attrs["spaces"]) != 1 or any("@" in kind for kind in k.attrs["outputs"]):
+        return None  # (a leading-axes reduction's shape would differ per instance)
     space = tuple(k.attrs["spaces"][0])
     shared = []
     for j, v in enumerate(k.inputs):

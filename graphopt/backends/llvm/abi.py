@@ -14,16 +14,22 @@ from typing import Mapping, NamedTuple
 
 from ...errors import LoweringError
 from ...ir.graph import Node
-from ...ir.kernel import columns, instance_rows, layout
+from ...ir.kernel import columns, instance_rows, layout, reduced_shape
 from ...ir.printer import format_graph
 from ...ir.types import contiguous_strides
 
 BLOCK_ELEMENTS = 8192  # elements per reduction block (a few pages of each operand)
+# Units (rows) per block at least, in a kernel with a leading-axes reduction: each block keeps
+# a partial result per kept element, so blocks of many rows keep the partials small (at most
+# 1/32 of the elements).
+BLOCK_ROWS = 32
 
 
 class Instance(NamedTuple):  # a tuple: a multi-tensor kernel makes thousands
     dims: tuple[int, ...]  # the collapsed iteration space
-    strides: tuple[tuple[int, ...], ...]  # per body input, then per mapped output (elements)
+    # Element strides per body input, then per mapped output, then per leading-axes
+    # reduction (where in its result, and so in a block's partials, an element goes).
+    strides: tuple[tuple[int, ...], ...]
     unit_offset: int  # where its units start among all instances' units
     block_units: int  # units per reduction block
     block_offset: int  # index of its first block among all blocks
@@ -46,6 +52,23 @@ class KernelABI:
     n_maps: int  # mapped outputs per instance
     reductions: tuple[str, ...]  # kind of each reduced output, in body-output order
     has_token: bool
+    # Elements of each reduced output: 1 for a full reduction, the kept axes' size for a
+    # leading-axes one ("sum@k"). A block's partials are these, reduction after reduction.
+    widths: tuple[int, ...] = ()
+
+    @property
+    def slots(self) -> int:
+        """Partial results (8-byte slots) per block."""
+        return sum(self.widths)
+
+    @property
+    def offsets(self) -> tuple[int, ...]:
+        """Where each reduction's partials start within a block's."""
+        out, at = [], 0
+        for w in self.widths:
+            out.append(at)
+            at += w
+        return tuple(out)
 
     @property
     def finisher(self) -> str | None:
@@ -119,6 +142,13 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None,
     lay = layout(node)
     kinds = list(node.attrs["outputs"])
     n_maps = kinds.count("map")
+    reduced = [k for k in kinds if k != "map"]
+    leading = [k for k in reduced if "@" in k]
+    if leading and lay.instances != 1:
+        raise LoweringError(f"a multi-tensor kernel's reduction over leading axes ({leading}) "
+                            f"has no code path: each instance's result has its own shape")
+    widths = tuple(math.prod(reduced_shape(k, space)) if "@" in k else 1
+                   for k, space in zip(reduced, node.attrs["spaces"][:1] * len(reduced)))
     instances = []
     if lay.instances > 1:  # hfuse: every operand streams or is a scalar; one flat loop each
         spaces = [tuple(space) for space in node.attrs["spaces"]]
@@ -133,15 +163,24 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None,
     elif lay.instances == 1:
         space = tuple(node.attrs["spaces"][0])
         row = next(instance_rows(node, lay))
-        dims, strides = collapse(space, [v.type.shape for v in row] + [space] * n_maps, strided)
+        # A leading-axes reduction's result is an array broadcast along the reduced axes, so
+        # the collapse keeps the reduced axes apart from the kept ones.
+        dims, strides = collapse(space, [v.type.shape for v in row] + [space] * n_maps +
+                                 [reduced_shape(k, space) for k in leading], strided)
+        if leading and dims and any(st[0] for st in strides[len(strides) - len(leading):]):
+            # The reduced axes were all of size 1: an outer loop of one unit, so that blocks
+            # (of units) never cut the kept axes.
+            dims, strides = (1,) + dims, [(0,) + st for st in strides]
         inner = math.prod(dims[1:])
-        instances.append(Instance(dims, tuple(strides), 0, max(1, BLOCK_ELEMENTS // max(inner, 1)),
-                                  0))
+        block_units = max(1, BLOCK_ELEMENTS // max(inner, 1))
+        if leading:
+            block_units = max(block_units, BLOCK_ROWS)
+        instances.append(Instance(dims, tuple(strides), 0, block_units, 0))
     # The function's name says what it computes: the same name is the same code.
     text = canonical_text(node, strided) if text is None else text
     digest = hashlib.sha256((text + flags(fastmath)).encode()).hexdigest()[:16]
     return KernelABI(f"kernel_{digest}", tuple(instances), n_maps,
-                     tuple(k for k in kinds if k != "map"), lay.has_token)
+                     tuple(reduced), lay.has_token, widths)
 
 
 def canonical_text(node: Node, strided: Strided = {}) -> str:

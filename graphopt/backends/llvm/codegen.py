@@ -15,7 +15,10 @@ dimensions it lacks. Scalars are loaded once, before the loop.
 Reductions use a fixed chunking: each instance's units are cut into blocks of BLOCK_ELEMENTS
 elements, each block's result is written to `partials`, and the runtime combines the
 partials in order. Threads only split at block edges, so a reduction gives the same result on
-every run, however many threads ran it.
+every run, however many threads ran it. A reduction over the leading axes ("sum@k") keeps one
+partial per element of its result in each block: its elements are added, in f64 (an integer
+in i64), straight into the block's slots, unit after unit (row after row, in order), and the
+finisher adds each slot's partials across the blocks in order.
 """
 from __future__ import annotations
 
@@ -26,7 +29,7 @@ from llvmlite import ir
 
 from ...errors import LoweringError
 from ...ir.graph import Node, Value
-from ...ir.kernel import layout, stores
+from ...ir.kernel import layout, split_kind, stores
 from ...ir.types import TensorType
 from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, Emitter, compute_type, storage_type
@@ -97,8 +100,12 @@ class _Builder:
         if not abi.instances:
             b.ret_void()
             return self.module
+        # A full reduction accumulates in a register (an alloca); a leading-axes one in its
+        # block's partials.
         self.accs = [b.alloca(self._acc_type(r), name=f"acc{r}")
                      for r in range(len(abi.reductions))]
+        self.leading = [r for r, kind in enumerate(abi.reductions) if "@" in kind]
+        self.block_base: ir.Value | None = None
         # Multi-instance kernels are all flat loops: one code path over a table of instances.
         # A one-instance kernel may be a nest (broadcasting); its sizes are constants.
         offsets = self.table("unit_offset", [i.unit_offset for i in abi.instances])
@@ -125,7 +132,7 @@ class _Builder:
         self.lo, self.hi, self.args, self.partials = fn.args
         self.b = b = ir.IRBuilder(self.entry)
         self.e = Emitter(b, self.module)
-        n_red = len(abi.reductions)
+        n_red, slots, offsets = len(abi.reductions), abi.slots, abi.offsets
         counts = self.table("blocks", [i.blocks for i in abi.instances])
         sizes = self.table("elements", [int(np.prod(s, dtype=np.int64))
                                         for s in self.node.attrs["spaces"]])
@@ -135,30 +142,55 @@ class _Builder:
 
         def instance(i):
             start, count = self.at(block_offsets, i), self.at(counts, i)
-            for acc, kind in zip(accs, abi.reductions):
-                b.store(self.reduction_init(kind, acc.allocated_type), acc)
+            full = [r for r in range(n_red) if r not in self.leading]
+            for r in full:
+                b.store(self.reduction_init(abi.reductions[r], accs[r].allocated_type), accs[r])
+
+            def combine(r, row, column):
+                """accs[r] combined with the partial at slot `column` of block `row`."""
+                kind, t = split_kind(abi.reductions[r])[0], accs[r].allocated_type
+                index = b.add(b.mul(row, self.i64(slots)), self.i64(offsets[r]))
+                index = index if column is None else b.add(index, column)
+                raw = b.load(b.gep(self.partials, [index], source_etype=F64), typ=F64)
+                value = raw if t == F64 else b.bitcast(raw, I64)
+                now = b.load(accs[r], typ=t)
+                if kind == "max":
+                    new = self.e.maximum(now, value)
+                else:
+                    new = b.fadd(now, value) if t == F64 else b.add(now, value)
+                b.store(new, accs[r])
 
             def block(j):
-                row = b.mul(b.add(start, j), self.i64(n_red))
-                for r, (acc, kind) in enumerate(zip(accs, abi.reductions)):
-                    raw = b.load(b.gep(self.partials, [b.add(row, self.i64(r))],
-                                       source_etype=F64), typ=F64)
-                    t = acc.allocated_type
-                    value = raw if t == F64 else b.bitcast(raw, I64)
-                    now = b.load(acc, typ=t)
-                    if kind == "max":
-                        new = self.e.maximum(now, value)
-                    else:
-                        new = b.fadd(now, value) if t == F64 else b.add(now, value)
-                    b.store(new, acc)
+                for r in full:
+                    combine(r, b.add(start, j), None)
 
-            self.loop(self.i64(0), count, block, "part")
-            for r, (acc, kind, out) in enumerate(zip(accs, abi.reductions, outs)):
-                v = b.load(acc, typ=acc.allocated_type)
+            def result(r, v, count, ptr):
+                kind, out = split_kind(abi.reductions[r])[0], outs[r]
                 if kind == "mean":
-                    v = b.fdiv(v, b.sitofp(self.at(sizes, i), F64))
+                    v = b.fdiv(v, b.sitofp(count, F64)) if out.dtype.is_float else \
+                        b.sdiv(v, count)
+                self.store_result(v, ptr, out.dtype)
+
+            if full:
+                self.loop(self.i64(0), count, block, "part")
+            for r in full:
                 slot = b.add(self.i64(first_slot + r), b.mul(i, self.i64(n_red)))
-                self.store_result(v, self.arg_ptr(slot), out.dtype)
+                result(r, b.load(accs[r], typ=accs[r].allocated_type), self.at(sizes, i),
+                       self.arg_ptr(slot))
+            for r in self.leading:  # one instance: see plan
+                space = self.node.attrs["spaces"][0]
+                total = int(np.prod(space[:split_kind(abi.reductions[r])[1]], dtype=np.int64))
+                base = self.arg_ptr(b.add(self.i64(first_slot + r), b.mul(i, self.i64(n_red))))
+                t, st = accs[r].allocated_type, storage_type(outs[r].dtype)
+
+                def column(w, r=r, base=base, t=t, st=st, total=total):
+                    b.store(self.reduction_init(abi.reductions[r], t), accs[r])
+                    self.loop(self.i64(0), count,
+                              lambda j: combine(r, b.add(start, j), w), "part")
+                    v = b.load(accs[r], typ=t)
+                    result(r, v, self.i64(total), b.gep(base, [w], source_etype=st))
+
+                self.loop(self.i64(0), self.i64(abi.widths[r]), column, "col")
 
         self.loop(self.i64(0), self.i64(lay.instances), instance, "inst")
         b.ret_void()
@@ -197,15 +229,29 @@ class _Builder:
             first_block = b.sdiv(start, bu)  # the runtime splits at block edges only
             nblocks = b.sdiv(b.add(b.sub(end, start), self.i64(shape.block_units - 1)), bu)
 
+            abi = self.abi
+
             def block(k):
                 u0 = b.add(start, b.mul(k, bu))
                 u1 = self.smin(b.add(u0, bu), end)
-                for r, kind in enumerate(self.abi.reductions):
-                    b.store(self.reduction_init(kind, self.accs[r].allocated_type), self.accs[r])
-                self.loop(u0, u1, lambda u: self.unit(u, shape), "unit")
                 index = b.add(block_offset, b.add(first_block, k))
-                for r in range(len(self.abi.reductions)):
-                    slot = b.add(b.mul(index, self.i64(len(self.abi.reductions))), self.i64(r))
+                self.block_base = b.mul(index, self.i64(abi.slots))
+                for r, kind in enumerate(abi.reductions):
+                    if r in self.leading:  # every slot of the block's result
+                        t = self.slot_type(r)
+                        init = self.reduction_init(kind, t)
+                        first = b.add(self.block_base, self.i64(abi.offsets[r]))
+                        self.loop(self.i64(0), self.i64(abi.widths[r]), lambda w: b.store(
+                            init, b.gep(self.partials, [b.add(first, w)], inbounds=True,
+                                        source_etype=t)), "init")
+                    else:
+                        b.store(self.reduction_init(kind, self.accs[r].allocated_type),
+                                self.accs[r])
+                self.loop(u0, u1, lambda u: self.unit(u, shape), "unit")
+                for r in range(len(abi.reductions)):
+                    if r in self.leading:
+                        continue
+                    slot = b.add(self.block_base, self.i64(abi.offsets[r]))
                     acc = b.load(self.accs[r], typ=self.accs[r].allocated_type)
                     b.store(self.to_partial(acc),
                             b.gep(self.partials, [slot], inbounds=True, source_etype=F64))
@@ -288,10 +334,21 @@ class _Builder:
             out = body.outputs[k]
             slot = len(body.inputs) + m
             e.store(env[out], self.ptrs[slot], self.offset(strides[slot], idx), out.dtype)
+        b, abi = self.b, self.abi
         for r, k in enumerate(self._reduced_outputs()):
-            acc = self.b.load(self.accs[r], typ=self.accs[r].allocated_type)
-            self.b.store(self.combine(self.abi.reductions[r], acc, env[body.outputs[k]]),
-                         self.accs[r])
+            kind = split_kind(abi.reductions[r])[0]
+            if r in self.leading:  # into the block's slot for this element's kept index
+                slot = len(body.inputs) + abi.n_maps + self.leading.index(r)
+                index = b.add(b.add(self.block_base, self.i64(abi.offsets[r])),
+                              self.offset(strides[slot], idx))
+                t = self.slot_type(r)
+                ptr = b.gep(self.partials, [index], inbounds=True, source_etype=t)
+                now = b.load(ptr, typ=t)
+                b.store(self.combine(kind, now, self.widen(env[body.outputs[k]]),
+                                     reassoc=False), ptr)
+                continue
+            acc = b.load(self.accs[r], typ=self.accs[r].allocated_type)
+            b.store(self.combine(kind, acc, env[body.outputs[k]]), self.accs[r])
 
     def lower(self, n: Node, env: dict[Value, ir.Value]) -> ir.Value:
         rule = LOWERING.get(n.op)
@@ -303,19 +360,33 @@ class _Builder:
 
     # -- reductions -----------------------------------------------------------------------------
     def reduction_init(self, kind: str, t: ir.Type) -> ir.Constant:
-        if kind == "max":
+        if split_kind(kind)[0] == "max":
             return ir.Constant(t, -math.inf) if not isinstance(t, ir.IntType) else \
                 ir.Constant(t, -(1 << (t.width - 1)))
         return ir.Constant(t, 0.0 if not isinstance(t, ir.IntType) else 0)
 
-    def combine(self, kind: str, acc: ir.Value, x: ir.Value) -> ir.Value:
+    def combine(self, kind: str, acc: ir.Value, x: ir.Value, reassoc: bool = True) -> ir.Value:
         if kind == "max":
             return self.e.maximum(acc, x)
         if isinstance(acc.type, ir.IntType):
             return self.b.add(acc, x)
         add = self.b.fadd(acc, x)
-        add.flags.append("reassoc")  # lets the vectorizer keep one partial sum per lane
+        if reassoc:
+            add.flags.append("reassoc")  # lets the vectorizer keep one partial sum per lane
         return add
+
+    def slot_type(self, r: int) -> ir.Type:
+        """A partial's type: f64 for floats, i64 for integers (8-byte slots either way)."""
+        out = self.node.body.outputs[self._reduced_outputs()[r]]
+        return F64 if out.dtype.is_float else I64
+
+    def widen(self, x: ir.Value) -> ir.Value:
+        """An element in its slot's type: a float in f64, an integer in i64 (exactly)."""
+        if isinstance(x.type, ir.IntType):
+            if x.type.width == 64:
+                return x
+            return self.b.zext(x, I64) if x.type.width == 1 else self.b.sext(x, I64)
+        return x if x.type == F64 else self.b.fpext(x, F64)
 
     def to_partial(self, acc: ir.Value) -> ir.Value:
         """Partials are 8-byte slots: f64 for floats; an integer's i64 bits, exactly."""

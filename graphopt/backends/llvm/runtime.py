@@ -160,9 +160,10 @@ class NativeKernel:
                       for i, space in enumerate(node.attrs["spaces"])
                       for k, (kind, r) in enumerate(zip(node.attrs["outputs"],
                                                         node.body.outputs)) if kind == "map"]
-        # Reduced outputs: (instance, body output, dtype), one slot each after the maps.
+        # Reduced outputs: (instance, body output, shape, dtype), one slot each after the maps.
         kinds = node.attrs["outputs"]
-        self._reduced = [(i, k, r.dtype.np_dtype) for i in range(len(node.attrs["spaces"]))
+        self._reduced = [(i, k, kernel_ir.reduced_shape(kind, space), r.dtype.np_dtype)
+                         for i, space in enumerate(node.attrs["spaces"])
                          for k, (kind, r) in enumerate(zip(kinds, node.body.outputs))
                          if kind != "map"]
         n = len(node.inputs) + len(self._maps) + len(self._reduced)
@@ -205,7 +206,7 @@ class NativeKernel:
     @property
     def _partials_ptr(self) -> int:
         if self._partials is None:
-            n = max(1, self.abi.total_blocks * len(self.abi.reductions))
+            n = max(1, self.abi.total_blocks * self.abi.slots)
             try:
                 self._partials = np.empty(n, np.float64)
             except MemoryError:
@@ -262,8 +263,8 @@ class NativeKernel:
             out = rows[i][k] = np.empty(shape, dtype)
             args[base + slot] = memory.address(out)
         base += len(self._maps)
-        for slot, (i, k, dtype) in enumerate(self._reduced):
-            out = rows[i][k] = np.empty((), dtype)
+        for slot, (i, k, shape, dtype) in enumerate(self._reduced):
+            out = rows[i][k] = np.empty(shape, dtype)
             args[base + slot] = memory.address(out)
         return rows
 
