@@ -30,7 +30,9 @@ A merge is refused, and the reason recorded for `explain`, when
   - a path between the two groups leaves them (through a node or a kernel outside): merging
     would make a cycle. After edges count as paths, so a write-after-read order is kept;
   - the consumer needs a reduction the producer group computes.
-Nodes that carry after edges (a `depend`), and every non-elementwise node, stay outside.
+Nodes that carry after edges (a `depend`), and every non-elementwise node, stay outside;
+for a reduction that is not a kernel output (over the last axes, or with keepdims) and for an
+nn op (log_softmax, softmax_cross_entropy, mse_loss), a refusal says why.
 """
 from __future__ import annotations
 
@@ -42,7 +44,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir import kernel as kernel_ir
 from ..ir.kernel import infer_types
 from ..ir.printer import value_names
-from ..ir.registry import CONSTANT, ELEMENTWISE, REDUCTION
+from ..ir.registry import CONSTANT, ELEMENTWISE, NN, REDUCTION
 from ..ir.types import TensorType
 from .grouping import Group, Grouping, install
 from .manager import PassContext, register
@@ -73,6 +75,19 @@ def space_of(n: Node) -> tuple[int, ...] | None:
     if n.opdef.category == ELEMENTWISE and len(n.outputs) == 1:
         return n.outputs[0].shape
     return None
+
+
+# Why each nn op stays a node: none is elementwise, and fuse does not decompose them.
+_NN_REASONS = {
+    "log_softmax": "log_softmax reduces each row (its max, then the log of the sum of exps) "
+                   "and reads the result back at every element of the row: one pass of a "
+                   "kernel cannot do both; it runs as a numpy node",
+    "softmax_cross_entropy": "softmax_cross_entropy reduces each row (log-sum-exp over the "
+                             "classes), picks each row's label and averages over the batch: "
+                             "not elementwise; it runs as a numpy node",
+    "mse_loss": "mse_loss is one nn op (the mean of squared differences), not decomposed into "
+                "elementwise ops and a sum: it runs as a numpy node",
+}
 
 
 def leading_axes(n: Node) -> int | None:
@@ -141,10 +156,34 @@ class _Fuser(Grouping):
         return None
 
     # -- grouping ------------------------------------------------------------------------------
+    def outside(self, n: Node) -> str | None:
+        """Why a reduction or an nn op stays a node of its own (for explain), or None."""
+        op = n.opdef
+        if op.category == REDUCTION:
+            if n.after:
+                return "it carries an after edge (a depend): such nodes stay outside kernels"
+            axes, shape = list(n.attrs["axes"]), list(n.inputs[0].shape)
+            if n.attrs["keepdims"]:
+                return (f"keepdims=true: a kernel's reduced output drops the reduced axes (a "
+                        f"reduction over every axis or over the leading ones, keepdims=false, "
+                        f"ends a kernel)")
+            return (f"it reduces axes {axes} of {shape}: a kernel output reduces every axis, "
+                    f"or the leading ones (\"sum@k\"); a reduction over the last axes (a row "
+                    f"sum: softmax, layernorm) runs as a numpy node")
+        if op.category == NN:
+            return _NN_REASONS.get(n.op, f"{n.op} is an nn op, not elementwise: it runs as a "
+                                         f"numpy node")
+        return None
+
     def group_nodes(self) -> None:
         for n in self.graph.nodes:
             space = space_of(n)
-            if space is None or _is_constant(n) or id(n) in self.inline:
+            if space is None:
+                reason = self.outside(n)
+                if reason:
+                    self.ctx.refuse(self.name(n), f"stays outside kernels: {reason}", n.loc)
+                continue
+            if _is_constant(n) or id(n) in self.inline:
                 continue
             if n.opdef.has_effect:
                 source = self.group.get(id(self.producer.get(n.inputs[1])))
