@@ -9,6 +9,8 @@ parameters. Kernels are combined when
   - every operand either streams (has exactly the kernel's iteration space: one tensor per
     instance) or is a scalar that all of them share (a learning rate, a bias correction);
     sizes may differ from one instance to the next;
+  - none has a reduction over leading axes ("sum@k": its result's shape would differ from
+    one instance to the next);
   - no kernel depends on another of the group (that would need two passes, not one).
 
     %5, %6 = kernel @w0, %g0, %lr {spaces=[[4,3]], ...}      %9 = kernel @w0, %g0, @w1, %g1,
