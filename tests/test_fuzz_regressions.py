@@ -140,3 +140,27 @@ def test_eager_and_jit_sum_a_transposed_value_alike():
         return (x.T * 100.0).sum()
 
     assert bits(eager(f, x).numpy()) == bits(go.jit(f, backend="interpreter")(x))
+
+
+# -- the memory plan: a value an assign gives a parameter lives until the commit -------------------
+def test_a_value_assigned_from_numpy_is_not_overwritten_by_a_later_one_in_the_plan():
+    """Seeds 1000077, 1000126, 1000140: a scalar parameter's new value, made by numpy nodes
+    (into the plan's arena), was committed after the step, when the arena bytes had been
+    given to a later value: the assign's read was taken as its last."""
+    rng = np.random.default_rng(0)
+    ws = [go.Parameter(np.ones(s, np.float32), name=f"w{i}")
+          for i, s in enumerate([(), (4, 3), (4, 3), (33,)])]
+
+    def step(c, *gs):
+        acc = []
+        for w, g in zip(ws, gs):
+            v = (0.25 - ops.maximum(c, g)) * 100.0
+            go.assign(w, v)
+            acc.append((w * w).mean())
+        return tuple(acc)
+
+    args = (np.float32(-1.0), *[rng.standard_normal(w.shape).astype(np.float32) for w in ws])
+    expected = [(0.25 - np.maximum(args[0], g)) * np.float32(100.0) for g in args[1:]]
+    go.jit(step, backend="llvm")(*args)
+    for w, e in zip(ws, expected):
+        np.testing.assert_array_equal(w.numpy(), e)

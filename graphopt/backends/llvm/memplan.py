@@ -6,7 +6,8 @@ arena, allocated when the program is made and reused by every step. Values whose
 do not overlap share bytes. A lifetime runs from the node that makes the value to its last
 reader in the schedule, inclusive at both ends (a node never writes over what it reads);
 a view extends its base's lifetime to its own last reader, since it is the same memory; the
-step's results live to its end (the Executable copies them out before the next step).
+step's results, and the values assigns give parameters, live to its end (the Executable
+copies results out, and commits assigned values, after the whole step has run).
 
 Placement is greedy, largest first, each value at the lowest 64-byte aligned offset clear of
 every placed value whose lifetime meets its own (the arena planners of TFLite and XLA's
@@ -55,6 +56,9 @@ def lifetimes(nodes: Sequence[Node], reads: Callable[[Node], Collection[Value]],
         until = i
         if n.body is None and n.opdef.view is not None:
             until = max([i, *(last.get(v, i) for v in n.outputs)])
+        elif n.body is None and n.opdef.has_effect:  # an assign's value is committed after
+            until = len(nodes)                       # the step: it lives to the end
+
         for v in reads(n):
             last[v] = max(last.get(v, -1), until)
         for v in n.outputs:
