@@ -43,14 +43,10 @@ from __future__ import annotations
 
 import argparse
 import gc
-import importlib.util
 import json
 import math
 import os
-import platform
-import resource
 import shutil
-import subprocess
 import sys
 import tempfile
 import time
@@ -59,8 +55,11 @@ from typing import Any, Callable
 
 import numpy as np
 
-HERE = Path(__file__).resolve().parent
-ROOT = HERE.parent
+import common
+from common import (HERE, bandwidth_report, cpu_probe, fmt_ms, fmt_s, machine_info,
+                    machine_summary, merge_round, peak_rss_mb, plot, run_on_snapshot,
+                    timings, worker_bandwidth)
+
 BYTES_PER_ELEMENT = 28  # read p, g, m, v; write p, m, v (f32)
 LR, BETA1, BETA2, EPS = 1e-3, 0.9, 0.999, 1e-8
 SEED = 0
@@ -322,34 +321,6 @@ SETUPS: dict[str, Callable] = {
 
 # -- workers (one subprocess each) -----------------------------------------------------------
 
-def peak_rss_mb() -> float:
-    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-
-
-def cpu_probe(reps: int = 30, n: int = 1 << 16) -> float:
-    """How much of a second core this process gets right now: the speedup of two threads
-    over one on a compute-bound numpy loop in cache (2.0: both cores free; ~1.0: one core's
-    worth, as when the machine's host is busy). numpy ufuncs run without the GIL."""
-    import threading
-    a = np.linspace(0.0, 1.0, n)
-    bufs = [np.empty(n), np.empty(n)]
-
-    def work(out):
-        for _ in range(reps):
-            np.sin(a, out=out)
-    work(bufs[0])
-    s = time.perf_counter()
-    work(bufs[0])
-    one = time.perf_counter() - s
-    threads = [threading.Thread(target=work, args=(b,)) for b in bufs]
-    s = time.perf_counter()
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    return 2 * one / (time.perf_counter() - s)
-
-
 def worker_run(impl: str, case: str, quick: bool, timing_only: bool = False) -> dict:
     shapes = case_shapes(case, quick)
     elements = sum(math.prod(s) for s in shapes)
@@ -419,46 +390,6 @@ def worker_warm(impl: str, case: str, quick: bool) -> dict:
             "warm_kernel_load_s": sum(k.compile_seconds for k in exe.kernels)}
 
 
-def worker_bandwidth(quick: bool) -> dict:
-    """Memory bandwidth: a STREAM triad a = b + s*c over f64 arrays far larger than the caches
-    (numba prange, on every thread and on one), and a 1-thread numpy copy. STREAM's counting:
-    24 bytes per triad element, 16 per copied element (no write-allocate traffic counted)."""
-    n = (1 << 22) if quick else (1 << 25)  # 3 x 256 MiB
-    b = np.full(n, 1.0)
-    c = np.full(n, 2.0)
-    a = np.empty(n)
-    reps = 2 if quick else 10
-    out: dict[str, Any] = {"array_mib": n * 8 / 2**20}
-
-    def best(fn, nbytes):
-        fn()
-        ts = _times(fn, reps)
-        return {"best_gbps": nbytes / min(ts) / 1e9, "median_gbps": nbytes / np.median(ts) / 1e9}
-
-    out["numpy_copy_1thread"] = best(lambda: np.copyto(a, b), 16 * n)
-    if importlib.util.find_spec("numba") is not None:
-        import numba
-        from numba import njit, prange
-
-        @njit(parallel=True)
-        def triad(a, b, c, s):
-            for i in prange(a.size):
-                a[i] = b[i] + s * c[i]
-
-        threads = numba.get_num_threads()
-        out["numba_triad_threads"] = threads
-        out["numba_triad"] = best(lambda: triad(a, b, c, 3.0), 24 * n)
-        numba.set_num_threads(1)
-        out["numba_triad_1thread"] = best(lambda: triad(a, b, c, 3.0), 24 * n)
-        numba.set_num_threads(threads)
-    else:
-        def np_triad():
-            np.multiply(c, 3.0, out=a)
-            a.__iadd__(b)
-        out["numpy_triad_1thread"] = best(np_triad, 24 * n)
-    return out
-
-
 def worker_main(args) -> None:
     if args.worker == "bandwidth":
         result = worker_bandwidth(args.quick)
@@ -472,17 +403,12 @@ def worker_main(args) -> None:
 # -- the driver --------------------------------------------------------------------------------
 
 def run_worker(argv: list[str], env: dict | None = None) -> dict:
-    cmd = [sys.executable, str(Path(__file__).resolve()), *argv]
-    try:
-        p = subprocess.run(cmd, capture_output=True, text=True, timeout=WORKER_TIMEOUT,
-                           env=env, cwd=ROOT)
-    except subprocess.TimeoutExpired:
-        return {"error": f"timed out after {WORKER_TIMEOUT} s"}
-    for line in p.stdout.splitlines():
-        if line.startswith("RESULT "):
-            return json.loads(line[7:])
-    tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
-    return {"error": f"exit {p.returncode}: " + " | ".join(tail)}
+    return common.run_worker(__file__, argv, env, WORKER_TIMEOUT)
+
+
+def installed(impl: str) -> str | None:
+    """None if the implementation can run, else why not."""
+    return common.installed(REQUIRES[impl])
 
 
 # Measured in every round and reported as the median over the rounds (compile times too:
@@ -520,70 +446,6 @@ def run_one(impl: str, case: str, rnd: int, q: list[str], cache_root: Path, jax_
           f"2-core probe {r['cpu_probe']:.2f}  (round {rnd + 1}, "
           f"{time.perf_counter() - s:.0f} s)", flush=True)
     return r
-
-
-def snapshot_graphopt() -> Path:
-    """A copy of the graphopt package this run measures: a run takes minutes, and a source
-    tree being edited meanwhile would mix versions across workers."""
-    spec = importlib.util.find_spec("graphopt")
-    if spec is None or spec.origin is None:
-        raise SystemExit("graphopt is not importable (pip install -e .)")
-    dest = Path(tempfile.mkdtemp(prefix="graphopt-bench-src-"))
-    shutil.copytree(Path(spec.origin).parent, dest / "graphopt",
-                    ignore=shutil.ignore_patterns("__pycache__"))
-    # Bytecode, as an installed package has it (PYTHONDONTWRITEBYTECODE would otherwise
-    # make every worker compile graphopt's sources again inside the timed first call).
-    subprocess.run([sys.executable, "-m", "compileall", "-q", str(dest)], check=False)
-    return dest
-
-
-def installed(impl: str) -> str | None:
-    """None if the implementation can run, else why not."""
-    missing = [m for m in REQUIRES[impl] if importlib.util.find_spec(m) is None]
-    return f"not installed ({', '.join(missing)})" if missing else None
-
-
-def machine_info() -> dict:
-    info = {"python": platform.python_version(), "cpus": os.cpu_count(),
-            "numpy": np.__version__}
-    try:
-        for line in Path("/proc/cpuinfo").read_text().splitlines():
-            if line.startswith("model name"):
-                info["cpu"] = line.split(":", 1)[1].strip()
-                break
-        mem = Path("/proc/meminfo").read_text().split("\n")[0].split()[1]
-        info["memory_gib"] = round(int(mem) / 2**20, 1)
-    except OSError:
-        pass
-    for mod in ("llvmlite", "torch", "jax", "optax", "numba"):
-        if importlib.util.find_spec(mod) is not None:
-            try:
-                from importlib.metadata import version
-                info[mod] = version(mod)
-            except Exception:
-                pass
-    try:
-        info["graphopt_commit"] = subprocess.run(
-            ["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True,
-            text=True).stdout.strip()
-        info["graphopt_dirty"] = bool(subprocess.run(
-            ["git", "status", "--porcelain", "--", "graphopt"], cwd=ROOT, capture_output=True,
-            text=True).stdout.strip())
-    except OSError:
-        pass
-    return info
-
-
-def fmt_ms(x: float | None) -> str:
-    if x is None:
-        return "—"
-    return f"{x:.3g}" if x < 10 else f"{x:.1f}" if x < 1000 else f"{x:.0f}"
-
-
-def fmt_s(x: float | None) -> str:
-    if x is None:
-        return "—"
-    return f"{x * 1e3:.0f} ms" if x < 1 else f"{x:.2f} s"
 
 
 def targets(results: dict) -> list[tuple[str, str, str, str]]:
@@ -681,24 +543,8 @@ def render(results: dict, order_cases: list[str], impls: list[str], skipped: dic
                             f"{fmt_s(r.get('warm_first_call_s')):>13}")
     text += "\n\ngraphopt compile\n" + "\n".join(comp_txt)
 
-    bw_txt = []
-    for i, b in enumerate(bandwidth):
-        when = "before" if i == 0 else "after"
-        if "error" in b:
-            bw_txt.append(f"{when}: error {b['error']}")
-            continue
-        parts = []
-        if "numba_triad" in b:
-            parts.append(f"triad {b['numba_triad_threads']} threads "
-                         f"{b['numba_triad']['best_gbps']:.1f} GB/s (median "
-                         f"{b['numba_triad']['median_gbps']:.1f})")
-            parts.append(f"triad 1 thread {b['numba_triad_1thread']['best_gbps']:.1f}")
-        if "numpy_triad_1thread" in b:
-            parts.append(f"numpy triad 1 thread {b['numpy_triad_1thread']['best_gbps']:.1f}")
-        parts.append(f"numpy copy 1 thread {b['numpy_copy_1thread']['best_gbps']:.1f}")
-        bw_txt.append(f"{when} the run: " + ", ".join(parts))
-    text += "\n\nmemory bandwidth (best of 10, STREAM counting, f64 arrays of " \
-            f"{bandwidth[0].get('array_mib', 0):.0f} MiB)\n" + "\n".join(bw_txt)
+    bw_text, bw_md = bandwidth_report(bandwidth)
+    text += "\n\n" + bw_text
 
     tgt = [] if quick else targets(results)
     if tgt:
@@ -708,13 +554,8 @@ def render(results: dict, order_cases: list[str], impls: list[str], skipped: dic
 
     out = ["# Adam step benchmark" + (" (--quick: small sizes, not a measurement)" if quick
                                        else ""), "",
-           f"`python benchmarks/adam.py{' --quick' if quick else ''}` on {machine.get('cpu', '?')}"
-           f", {machine.get('cpus')} cores, {machine.get('memory_gib', '?')} GiB; "
-           + ", ".join(f"{k} {machine[k]}" for k in ("numpy", "llvmlite", "torch", "jax",
-                                                       "optax", "numba") if k in machine)
-           + f"; graphopt at {machine.get('graphopt_commit', '?')}"
-           + (" with uncommitted changes" if machine.get("graphopt_dirty") else "")
-           + f". Run took {wall:.0f} s.", "",
+           f"`python benchmarks/adam.py{' --quick' if quick else ''}` on "
+           f"{machine_summary(machine)}. Run took {wall:.0f} s.", "",
            "ms/step: the median over the rounds of each round's median ms per Adam step "
            "(f32) after warm-up (`rounds` lists each round's median; the rounds interleave "
            "the implementations); GB/s at 28 bytes per element; "
@@ -734,52 +575,13 @@ def render(results: dict, order_cases: list[str], impls: list[str], skipped: dic
            "backend, llvmlite, once per process), `warm first call` its first call, to the "
            "end of the step. Compile figures are medians over the rounds; `native "
            "calls/step/thread` is 1 when the graph sink runs the whole step.", "", *comp, "",
-           "## Memory bandwidth", "",
-           "STREAM-like, over three f64 arrays of "
-           f"{bandwidth[0].get('array_mib', 0):.0f} MiB each, best of 10: triad `a = b + s*c` "
-           "(numba `prange`; 24 bytes per element) and `np.copyto` (16 bytes per element).", "",
-           *[f"- {x}" for x in bw_txt], ""]
+           *bw_md]
     if tgt:
         out += ["## Targets", "", "| target | measured | needed | |", "|---|---|---|---|",
                 *[f"| {a} | {b} | {c} | {d} |" for a, b, c, d in tgt], ""]
     if skipped:
         out += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), ""]
     return text, "\n".join(out)
-
-
-def plot(results: dict, cases: list[str], impls: list[str], path: Path, quick: bool) -> str | None:
-    try:
-        import matplotlib
-        matplotlib.use("Agg")
-        import matplotlib.pyplot as plt
-    except ImportError:
-        return "matplotlib is not installed (pip install matplotlib): no plot"
-    cols = [i for i in impls if any(i in results.get(c, {}) and "error" not in results[c][i]
-                                    for c in cases)]
-    fig, ax = plt.subplots(figsize=(11, 5.5))
-    width = 0.8 / max(1, len(cols))
-    for k, impl in enumerate(cols):
-        xs, ys = [], []
-        for j, c in enumerate(cases):
-            r = results.get(c, {}).get(impl)
-            if r and "error" not in r:
-                xs.append(j + (k - (len(cols) - 1) / 2) * width)
-                ys.append(r["ms"])
-        ax.bar(xs, ys, width, label=impl)
-        for x, y in zip(xs, ys):
-            ax.text(x, y * 1.05, fmt_ms(y), ha="center", va="bottom", fontsize=6, rotation=90)
-    ax.set_yscale("log")
-    ax.set_xticks(range(len(cases)))
-    ax.set_xticklabels([f"{c}\n{results.get(c, {}).get('_label', '')}" for c in cases],
-                       fontsize=8)
-    ax.set_ylabel("ms per Adam step (median, log scale; lower is better)")
-    ax.set_title("Adam step, f32" + (" (--quick sizes)" if quick else ""))
-    ax.legend(fontsize=8, ncol=4)
-    ax.grid(axis="y", which="both", alpha=0.3)
-    fig.tight_layout()
-    fig.savefig(path, dpi=110)
-    plt.close(fig)
-    return None
 
 
 class _Timer:
@@ -832,19 +634,9 @@ def _kernel_calls(kernels, runtime) -> Callable[[], None]:
     return once
 
 
-def _times(fn: Callable[[], Any], reps: int) -> list[float]:
-    """Seconds of each of `reps` calls of fn."""
-    ts = []
-    for _ in range(reps):
-        s = time.perf_counter()
-        fn()
-        ts.append(time.perf_counter() - s)
-    return ts
-
-
 def _timed(once: Callable[[], None], steps: int) -> tuple[float, float]:
     once()
-    ts = _times(once, steps)
+    ts = timings(once, steps)
     return float(np.median(ts)), float(np.mean(ts))
 
 
@@ -879,7 +671,7 @@ def profile_case(case: str, quick: bool, steps: int, variant: str = "graphopt",
         step()
 
     def median_step(mean: bool = False) -> float:
-        ts = _times(step, steps)
+        ts = timings(step, steps)
         return float(np.mean(ts) if mean else np.median(ts))
 
     wall = median_step()
@@ -987,12 +779,7 @@ def main(argv: list[str] | None = None) -> int:
     wall = time.perf_counter()
     machine = machine_info()
 
-    snapshot = snapshot_graphopt()  # every worker runs the same graphopt source
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        [str(snapshot), *filter(None, [os.environ.get("PYTHONPATH")])])
-    print(f"graphopt {machine.get('graphopt_commit', '?')}"
-          f"{' + uncommitted changes' if machine.get('graphopt_dirty') else ''}, copied to "
-          f"{snapshot} for this run", flush=True)
+    snapshot = run_on_snapshot(machine)
     print("measuring memory bandwidth ...", flush=True)
     bandwidth = [run_worker(["--worker", "bandwidth", *q])]
     results: dict[str, dict] = {}
@@ -1017,17 +804,9 @@ def main(argv: list[str] | None = None) -> int:
                         if prev is None or rnd == 0:
                             results[case][impl] = r
                         continue
-                    if prev is None:
-                        for key in ROUND_KEYS:
-                            if key in r:
-                                r[f"rounds_{key}"] = [r[key]]
-                        results[case][impl] = r
-                    elif "error" not in prev:
-                        for key in ROUND_KEYS:  # each a median over the rounds
-                            if key in r:
-                                prev[f"rounds_{key}"].append(r[key])
-                                prev[key] = float(np.median(prev[f"rounds_{key}"]))
-                        prev["gbps"] = BYTES_PER_ELEMENT * prev["elements"] / prev["ms"] / 1e6
+                    merged = results[case][impl] = merge_round(prev, r, ROUND_KEYS)
+                    if "error" not in merged:  # each key a median over the rounds
+                        merged["gbps"] = BYTES_PER_ELEMENT * merged["elements"] / merged["ms"] / 1e6
                     gc.collect()
     finally:
         shutil.rmtree(cache_root, ignore_errors=True)
@@ -1042,7 +821,9 @@ def main(argv: list[str] | None = None) -> int:
     (out_dir / "adam.json").write_text(json.dumps(
         {"machine": machine, "quick": args.quick, "wall_s": wall, "bandwidth": bandwidth,
          "results": results, "skipped": skipped}, indent=1))
-    note = plot(results, cases, impls, out_dir / "adam.png", args.quick)
+    note = plot(results, cases, impls, out_dir / "adam.png",
+                "Adam step, f32" + (" (--quick sizes)" if args.quick else ""),
+                "ms per Adam step (median, log scale; lower is better)")
     print(f"\nwrote {out_dir / 'adam.md'}, {out_dir / 'adam.json'}"
           + (f"; {note}" if note else f", {out_dir / 'adam.png'}"))
     return 1 if failed else 0
