@@ -42,7 +42,6 @@ Writes <out>/adam.md (tables), adam.json (everything measured) and adam.png (ms 
 from __future__ import annotations
 
 import argparse
-import gc
 import json
 import math
 import os
@@ -56,8 +55,8 @@ from typing import Any, Callable
 import numpy as np
 
 import common
-from common import (HERE, bandwidth_report, cpu_probe, fmt_ms, fmt_s, machine_info,
-                    machine_summary, merge_round, peak_rss_mb, plot, run_on_snapshot,
+from common import (add_run_options, bandwidth_report, begin, cpu_probe, finish, fmt_ms,
+                    fmt_s, machine_summary, peak_rss_mb, run_on_snapshot, run_rounds,
                     timings, worker_bandwidth)
 
 BYTES_PER_ELEMENT = 28  # read p, g, m, v; write p, m, v (f32)
@@ -736,14 +735,7 @@ def profile_case(case: str, quick: bool, steps: int, variant: str = "graphopt",
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
                                  formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("--quick", action="store_true", help="small sizes, 1-2 repeats")
-    ap.add_argument("--cases", default=",".join(CASES), help=f"of {','.join(CASES)}")
-    ap.add_argument("--impls", default=",".join(IMPLS), help=f"of {','.join(IMPLS)}")
-    ap.add_argument("--out", default=str(HERE / "results"), help="output directory")
-    ap.add_argument("--rounds", type=int, default=None,
-                    help="run every implementation this many times per case, interleaved, "
-                         "and report the median of the rounds' medians (default 3; 1 with "
-                         "--quick)")
+    add_run_options(ap, CASES, IMPLS, "small sizes, 1-2 repeats")
     ap.add_argument("--profile", metavar="CASE", help="cProfile graphopt's steps on one case")
     ap.add_argument("--profile-steps", type=int, default=50)
     ap.add_argument("--no-cprofile", action="store_true",
@@ -761,71 +753,38 @@ def main(argv: list[str] | None = None) -> int:
                          use_cprofile=not args.no_cprofile)
         return 0
 
-    if args.rounds is None:
-        args.rounds = 1 if args.quick else 3
-    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
-    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
-    for c in cases:
-        case_shapes(c)  # unknown cases fail here
-    unknown = [i for i in impls if i not in IMPLS]
-    if unknown:
-        ap.error(f"unknown implementation(s) {', '.join(unknown)}; known: {', '.join(IMPLS)}")
-    skipped = {i: why for i in impls if (why := installed(i))}
-    for i, why in skipped.items():
-        print(f"skipping {i}: {why}", flush=True)
-    out_dir = Path(args.out)
-    out_dir.mkdir(parents=True, exist_ok=True)
-    q = ["--quick"] if args.quick else []
-    wall = time.perf_counter()
-    machine = machine_info()
-
-    snapshot = run_on_snapshot(machine)
+    run = begin(ap, args, IMPLS, case_shapes, installed)
+    cases, impls, skipped, q = run.cases, run.impls, run.skipped, run.quick_args
+    snapshot = run_on_snapshot(run.machine)
     print("measuring memory bandwidth ...", flush=True)
     bandwidth = [run_worker(["--worker", "bandwidth", *q])]
-    results: dict[str, dict] = {}
     cache_root = Path(tempfile.mkdtemp(prefix="graphopt-bench-cache-"))
-    failed = False
     jax_cache = cache_root / "jax"  # later rounds reuse JAX's compiled step
+    references: dict[str, list[np.ndarray]] = {}
+
+    def one(impl: str, case: str, rnd: int) -> dict:
+        if case not in references:
+            references[case] = reference_sample(case_shapes(case, args.quick))
+        return run_one(impl, case, rnd, q, cache_root, jax_cache, references[case])
+
     try:
-        for case in cases:
-            shapes = case_shapes(case, args.quick)
-            results[case] = {"_label": case_label(case, shapes)}
-            reference = reference_sample(shapes)
-            for rnd in range(args.rounds):
-                # Each round runs every implementation once; odd rounds in reverse order, so
-                # no implementation always runs first or last.
-                order = [i for i in impls if i not in skipped]
-                for impl in order if rnd % 2 == 0 else order[::-1]:
-                    r = run_one(impl, case, rnd, q, cache_root, jax_cache, reference)
-                    prev = results[case].get(impl)
-                    if "error" in r:
-                        failed = True
-                        print(f"{case:<6} {impl:<14} ERROR {r['error']}", flush=True)
-                        if prev is None or rnd == 0:
-                            results[case][impl] = r
-                        continue
-                    merged = results[case][impl] = merge_round(prev, r, ROUND_KEYS)
-                    if "error" not in merged:  # each key a median over the rounds
-                        merged["gbps"] = BYTES_PER_ELEMENT * merged["elements"] / merged["ms"] / 1e6
-                    gc.collect()
+        results, errors = run_rounds(
+            cases, run.runnable, args.rounds, one, ROUND_KEYS,
+            lambda case: case_label(case, case_shapes(case, args.quick)))
     finally:
         shutil.rmtree(cache_root, ignore_errors=True)
         shutil.rmtree(snapshot, ignore_errors=True)
+    failed = bool(errors)
+    for by in results.values():  # each key a median over the rounds
+        for r in by.values():
+            if isinstance(r, dict) and "error" not in r:
+                r["gbps"] = BYTES_PER_ELEMENT * r["elements"] / r["ms"] / 1e6
     bandwidth.append(run_worker(["--worker", "bandwidth", *q]))
-    wall = time.perf_counter() - wall
-
-    text, md = render(results, cases, impls, skipped, bandwidth, machine, args.quick, wall)
-    print()
-    print(text)
-    (out_dir / "adam.md").write_text(md)
-    (out_dir / "adam.json").write_text(json.dumps(
-        {"machine": machine, "quick": args.quick, "wall_s": wall, "bandwidth": bandwidth,
-         "results": results, "skipped": skipped}, indent=1))
-    note = plot(results, cases, impls, out_dir / "adam.png",
-                "Adam step, f32" + (" (--quick sizes)" if args.quick else ""),
-                "ms per Adam step (median, log scale; lower is better)")
-    print(f"\nwrote {out_dir / 'adam.md'}, {out_dir / 'adam.json'}"
-          + (f"; {note}" if note else f", {out_dir / 'adam.png'}"))
+    wall = run.stop()
+    text, md = render(results, cases, impls, skipped, bandwidth, run.machine, args.quick, wall)
+    finish(run, "adam", results, bandwidth, text, md,
+           "Adam step, f32" + (" (--quick sizes)" if args.quick else ""),
+           "ms per Adam step (median, log scale; lower is better)")
     return 1 if failed else 0
 
 

@@ -6,6 +6,7 @@ first on sys.path).
 """
 from __future__ import annotations
 
+import gc
 import importlib.util
 import json
 import os
@@ -16,6 +17,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Callable
 
@@ -288,3 +290,111 @@ def bandwidth_report(bandwidth: list[dict]) -> tuple[str, list[str]]:
           "`a = b + s*c` (numba `prange`; 24 bytes per element) and `np.copyto` (16 bytes per "
           "element).", "", *[f"- {x}" for x in bw_txt], ""]
     return text, md
+
+
+def add_run_options(ap, cases: list[str], impls: list[str], quick_help: str) -> None:
+    """The options every benchmark takes: --quick, --cases, --impls, --out, --rounds."""
+    ap.add_argument("--quick", action="store_true", help=quick_help)
+    ap.add_argument("--cases", default=",".join(cases), help=f"of {','.join(cases)}")
+    ap.add_argument("--impls", default=",".join(impls), help=f"of {','.join(impls)}")
+    ap.add_argument("--out", default=str(HERE / "results"), help="output directory")
+    ap.add_argument("--rounds", type=int, default=None,
+                    help="run every implementation this many times per case, interleaved, "
+                         "and report the median of the rounds' medians (default 3; 1 with "
+                         "--quick)")
+
+
+@dataclass
+class Run:
+    """A benchmark run, as `begin` sets it up from the command line."""
+
+    cases: list[str]
+    impls: list[str]  # as asked for, the skipped ones too
+    skipped: dict[str, str]  # impl -> why it cannot run here
+    out_dir: Path
+    quick: bool
+    machine: dict
+    started: float  # time.perf_counter()
+    wall_s: float = 0.0  # the run's length, once `stop` says it ended
+
+    def stop(self) -> float:
+        """The run's seconds so far, kept as its length."""
+        self.wall_s = time.perf_counter() - self.started
+        return self.wall_s
+
+    @property
+    def quick_args(self) -> list[str]:
+        """What a worker's command line says of --quick."""
+        return ["--quick"] if self.quick else []
+
+    @property
+    def runnable(self) -> list[str]:
+        return [i for i in self.impls if i not in self.skipped]
+
+
+def begin(ap, args, known_impls: list[str], check_case: Callable[[str], Any],
+          missing: Callable[[str], str | None]) -> Run:
+    """The cases and implementations asked for (check_case ends the program on an unknown
+    case, `ap.error` on an unknown implementation), the ones that cannot run here (impl ->
+    why, from `missing`, printed), the output directory (made) and the machine's
+    description; args.rounds gets its default."""
+    if args.rounds is None:
+        args.rounds = 1 if args.quick else 3
+    cases = [c.strip() for c in args.cases.split(",") if c.strip()]
+    impls = [i.strip() for i in args.impls.split(",") if i.strip()]
+    for c in cases:
+        check_case(c)  # unknown cases fail here
+    unknown = [i for i in impls if i not in known_impls]
+    if unknown:
+        ap.error(f"unknown implementation(s) {', '.join(unknown)}; known: "
+                 f"{', '.join(known_impls)}")
+    skipped = {i: why for i in impls if (why := missing(i))}
+    for i, why in skipped.items():
+        print(f"skipping {i}: {why}", flush=True)
+    out_dir = Path(args.out)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    started = time.perf_counter()
+    return Run(cases, impls, skipped, out_dir, args.quick, machine_info(), started)
+
+
+def finish(run: Run, name: str, results: dict, bandwidth: list[dict], text: str, md: str,
+           title: str, ylabel: str) -> None:
+    """Print the tables; write <out>/<name>.md, <name>.json (everything measured) and
+    <name>.png (the plot)."""
+    print()
+    print(text)
+    (run.out_dir / f"{name}.md").write_text(md)
+    (run.out_dir / f"{name}.json").write_text(json.dumps(
+        {"machine": run.machine, "quick": run.quick, "wall_s": run.wall_s,
+         "bandwidth": bandwidth, "results": results, "skipped": run.skipped}, indent=1))
+    note = plot(results, run.cases, run.impls, run.out_dir / f"{name}.png", title, ylabel)
+    print(f"\nwrote {run.out_dir / (name + '.md')}, {run.out_dir / (name + '.json')}"
+          + (f"; {note}" if note else f", {run.out_dir / (name + '.png')}"))
+
+
+def run_rounds(cases: list[str], impls: list[str], rounds: int,
+               run_one: Callable[[str, str, int], dict], keys: tuple[str, ...],
+               label: Callable[[str], str]) -> tuple[dict, list[tuple[str, str]]]:
+    """Every implementation on every case, `rounds` times: each round runs each one once,
+    odd rounds in reverse order, so no implementation always runs first or last.
+    run_one(impl, case, round) returns its result or {"error": ...}; the rounds merge with
+    merge_round (the first round's error stays the result). Returns the results
+    (case -> {"_label": label(case), impl: result}) and the (case, impl) that failed."""
+    results: dict[str, dict] = {}
+    failed: list[tuple[str, str]] = []
+    width = max(map(len, cases), default=0)
+    for case in cases:
+        results[case] = {"_label": label(case)}
+        for rnd in range(rounds):
+            for impl in impls if rnd % 2 == 0 else impls[::-1]:
+                r = run_one(impl, case, rnd)
+                prev = results[case].get(impl)
+                if "error" in r:
+                    failed.append((case, impl))
+                    print(f"{case:<{width}} {impl:<14} ERROR {r['error']}", flush=True)
+                    if prev is None or rnd == 0:
+                        results[case][impl] = r
+                    continue
+                results[case][impl] = merge_round(prev, r, keys)
+                gc.collect()
+    return results, failed

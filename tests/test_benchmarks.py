@@ -27,3 +27,26 @@ def test_adam_benchmark_quick(tmp_path):
     md = (tmp_path / "out" / "adam.md").read_text()
     assert "| graphopt |" in md and "| numpy |" in md
     assert (tmp_path / "out" / "adam.json").exists()
+
+
+def test_train_step_benchmark_quick(tmp_path):
+    """benchmarks/train_step.py, graphopt on the small MLP: it writes its results, and the
+    loss it records is finite and goes down over the steps."""
+    import json
+    import math
+
+    env = dict(os.environ, GRAPHOPT_CACHE_DIR=str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "train_step.py"), "--quick",
+         "--impls", "graphopt", "--cases", "mlp-small", "--no-bandwidth", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    md = (out / "train_step.md").read_text()
+    assert "| mlp-small | graphopt |" in md and "matmul (numpy)" in md
+    assert (out / "train_step.png").exists()
+    r = json.loads((out / "train_step.json").read_text())["results"]["mlp-small"]["graphopt"]
+    losses = r["losses"]
+    assert len(losses) == r["steps"] > 2 and all(map(math.isfinite, losses))
+    assert losses[-1] < losses[0]
+    assert r["breakdown"]["matmul (numpy)"]["nodes"] > 0
