@@ -564,7 +564,7 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
             + f", Python around the nodes {fmt_ms(rest)}")
         brk_rows += [f"- {case}: {fb}" for fb in r["fallbacks"]]
         slow += [f"| {case} | {n['node'].replace('|', '/')} | {n['kind']} | "
-                 f"{fmt_ms(n['ms'])} |" for n in b["slowest"]]
+                 f"{fmt_ms(n['ms'])} |" for n in b.get("slowest", [])]
     text += "\n\ngraphopt step by node kind (replay, ms)\n" + "\n".join(brk_txt)
     bw_text, bw_md = bandwidth_report(bandwidth) if bandwidth else ("", [])
     text += "\n\n" + bw_text if bw_text else ""
@@ -574,9 +574,9 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
     out = ["# Training step benchmark" + (" (--quick: few steps, not a measurement)"
                                           if quick else ""), "",
            f"`python benchmarks/train_step.py{' --quick' if quick else ''}` on "
-           f"{machine_summary(machine)}. Run took {wall:.0f} s. The machine was shared with "
-           "other jobs while it ran: the `2-core` column says how much of the second core "
-           "each measurement got.", "",
+           f"{machine_summary(machine)}. Run took {wall:.0f} s. On a machine shared with other "
+           "jobs the timings are noisy: the `2-core` column says how much of the second "
+           "core each measurement got, `rounds` how far the rounds differ.", "",
            "One training step: forward, backward, AdamW (lr 1e-3, weight decay 1e-2), f32, "
            f"{THREADS} threads. ms/step: the median over the rounds of each round's median "
            f"of {reps} timed steps after the first call and {warmup} warm-up steps (`rounds` "
