@@ -355,16 +355,14 @@ def node_label(node, program) -> str:
 
 
 def replay_breakdown(exe, args: tuple, reps: int, slowest: int = 12) -> dict[str, Any]:
-    """Each node of the compiled program run on its own through the runtime's node loop
-    (backends.base.run_nodes, as LLVMProgram.run runs them), on copies of the inputs, timed:
-    per row of node_kind, the nodes' count and the median over `reps` replays of their
-    ms per step; the replay's total; and (`slowest`) the nodes that took longest."""
-    from graphopt.backends.base import run_nodes
+    """Each node of the compiled program run on its own (LLVMProgram.node_times: the
+    runtime's node loop, one node at a time), on copies of the inputs, timed: per row of
+    node_kind, the nodes' count and the median over `reps` replays of their ms per step; the
+    replay's total; and (`slowest`) the nodes that took longest."""
     program = exe.program
     inputs = {v: p._value.copy() for v, p in exe.param_inputs}
     assert len(exe.graph.args) == len(args)
     inputs.update(zip(exe.graph.args, args))
-    stored = program.stored if program.numpy_nodes else ()
     kinds = [node_kind(n, program) for n in program.nodes]
     count: dict[str, int] = {}
     for k in kinds:
@@ -372,14 +370,11 @@ def replay_breakdown(exe, args: tuple, reps: int, slowest: int = 12) -> dict[str
     per_rep: dict[str, list[float]] = {k: [] for k in [*count, "total"]}
     per_node = np.zeros((reps + 1, len(program.nodes)))
     for rep in range(reps + 1):  # the first is a warm-up
-        env = dict(inputs)
         seconds = dict.fromkeys(count, 0.0)
         start = time.perf_counter()
-        for i, (node, kind) in enumerate(zip(program.nodes, kinds)):
-            s = time.perf_counter()
-            run_nodes([node], env, native=program.native, stored=stored)
-            per_node[rep, i] = time.perf_counter() - s
-            seconds[kind] += per_node[rep, i]
+        per_node[rep] = program.node_times(inputs)
+        for kind, sec in zip(kinds, per_node[rep]):
+            seconds[kind] += sec
         per_rep["total"].append(time.perf_counter() - start)
         for k, sec in seconds.items():
             per_rep[k].append(sec)
@@ -596,7 +591,7 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
            "Cases: " + "; ".join(f"{c}: {case_def(c).label}" for c in cases), "", *md, "",
            "## graphopt's step by node kind", "",
            "A replay of the compiled program (`jit(step).lower(x, y).program`): each node "
-           "run on its own through the runtime's node loop (`backends.base.run_nodes`), on "
+           "run on its own through the runtime's node loop (`LLVMProgram.node_times`), on "
            "copies of the inputs, timed with `time.perf_counter`; the median of 10 replays "
            "(3 with --quick) per row (in parentheses: the number of nodes, and the share of "
            "the step). `Python around the nodes` is the step's time less the replay's: "

@@ -705,3 +705,16 @@ def test_a_planned_step_allocates_nothing_after_the_first_and_computes_the_same(
     finally:
         tracemalloc.stop()
     assert peak - start < largest // 4, (peak - start, largest)
+
+
+def test_node_times_runs_each_node_once_and_commits_nothing():
+    step, params, x, t = mlp_step()
+    exe = go.jit(step, backend="llvm", cache=False).lower(x, t)
+    before = {k: p.numpy() for k, p in params.items()}
+    inputs = {v: p._value.copy() for v, p in exe.param_inputs}
+    inputs.update(zip(exe.graph.args, (x, t)))
+    times = exe.program.node_times(inputs)
+    assert len(times) == len(exe.program.nodes) and all(s >= 0 for s in times)
+    assert all(np.array_equal(p.numpy(), before[k]) for k, p in params.items())
+    w0 = next(v for v in inputs if v.name == "w0")
+    assert not np.array_equal(inputs[w0], before["w0"])  # the copies were updated in place

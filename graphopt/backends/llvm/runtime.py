@@ -381,6 +381,9 @@ class LLVMProgram:
         self.plan = self._plan()
         self.buffers = self.plan.buffers
         self._threads = threads()
+        # How base.run_nodes runs these nodes (one step, or one node at a time to time them).
+        self._loop = dict(native=self.native, stored=self.stored if self.read_late else (),
+                          keep=self.read_late, into=self.buffers)
 
     def _reads(self, node: Node) -> list[Value]:
         k = self.native.get(id(node))
@@ -454,14 +457,24 @@ class LLVMProgram:
             return [early.get(v, env[v]) for v in self.graph.outputs], {}
         backups = {v: inputs[v].copy() for v in self.backed_up}
         try:
-            updates = run_nodes(self.nodes, env, native=self.native,
-                                stored=self.stored if self.read_late else (),
-                                keep=self.read_late, into=self.buffers)
+            updates = run_nodes(self.nodes, env, **self._loop)
         except BaseException:
             for v, saved in backups.items():
                 np.copyto(inputs[v], saved)
             raise
         return [early.get(v, env[v]) for v in self.graph.outputs], updates
+
+    def node_times(self, inputs: dict[Value, np.ndarray]) -> list[float]:
+        """One step run node by node, each timed: seconds per node of `self.nodes`. Kernels
+        store into the parameter arrays of `inputs` (pass copies to keep the Parameters);
+        nothing is committed. What a whole step takes beyond their sum is the loop's cost."""
+        env: dict[Value, object] = dict(inputs)
+        times = []
+        for node in self.nodes:
+            start = time.perf_counter()
+            run_nodes([node], env, **self._loop)
+            times.append(time.perf_counter() - start)
+        return times
 
     def _run_sink(self, env: dict) -> None:
         """Every kernel in one native call per thread: pointer tables first (outputs are
