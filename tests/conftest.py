@@ -18,16 +18,7 @@ def reference_backend(monkeypatch):
 
 
 # -- CPU levels: the LLVM differential tests run for each (the `cpu_level` fixture) ----------
-def _cpu_levels() -> tuple[str, ...]:
-    """The baseline, AVX2 and this host on x86-64: so an AVX-512 machine also tests the code an
-    AVX2 laptop runs, and any machine tests the baseline. Elsewhere: the baseline and host."""
-    import platform
-    if platform.machine().lower() in ("x86_64", "amd64"):
-        return ("x86-64", "x86-64-v3", "host")
-    return ("generic", "host")
-
-
-CPU_LEVELS = _cpu_levels()
+from support import CPU_LEVELS  # noqa: E402  (one list, also for tests that loop over it)
 _levels_seen: dict[str, str] = {}  # level -> "ran", or why it was skipped
 
 

@@ -42,3 +42,16 @@ def run_program(prog: Sequence[tuple], params: list, args: Sequence[Any],
             same_shape = [p for p in params if p.shape == tuple(x.shape)]
             go.assign(same_shape[b % len(same_shape)], x)
     return outputs + [pool[-1]]
+
+
+# -- CPU levels: the LLVM differential tests run for each (conftest's `cpu_level` fixture) ------
+def _cpu_levels() -> tuple[str, ...]:
+    """The baseline, AVX2 and this host on x86-64: so an AVX-512 machine also tests the code an
+    AVX2 laptop runs, and any machine tests the baseline. Elsewhere: the baseline and host."""
+    import platform
+    if platform.machine().lower() in ("x86_64", "amd64"):
+        return ("x86-64", "x86-64-v3", "host")
+    return ("generic", "host")
+
+
+CPU_LEVELS = _cpu_levels()

@@ -44,7 +44,10 @@ def test_train_step_benchmark_quick(tmp_path):
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     md = (out / "train_step.md").read_text()
     assert "| mlp-small | graphopt |" in md and "matmul (numpy)" in md
-    assert (out / "train_step.png").exists()
+    import importlib.util
+    plotted = importlib.util.find_spec("matplotlib") is not None  # a bench extra, not a test one
+    assert (out / "train_step.png").exists() == plotted, p.stdout[-2000:]
+    assert plotted or "matplotlib is not installed" in p.stdout + p.stderr
     r = json.loads((out / "train_step.json").read_text())["results"]["mlp-small"]["graphopt"]
     losses = r["losses"]
     assert len(losses) == r["steps"] > 2 and all(map(math.isfinite, losses))

@@ -128,7 +128,7 @@ def test_each_inline_function_is_within_its_stated_ulp(name):
 
 def test_the_same_bits_at_every_cpu_level():
     """Plain IEEE instructions, no fused multiply-add: the level changes the vector width only."""
-    from conftest import CPU_LEVELS
+    from support import CPU_LEVELS
     from graphopt.errors import TargetError
     x = np.concatenate([sweep("exp"), sweep("log"), sweep("tanh")])
     fn = go.jit(lambda x: ops.tanh(x) + ops.exp(x) * ops.log(x), backend="llvm", cache=False)

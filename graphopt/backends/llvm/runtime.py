@@ -604,7 +604,7 @@ def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph
         for v in (k.sources if k is not None else n.operands()):
             last[v] = max(last.get(v, -1), until)
     made = {v for n in nodes if id(n) not in native and not n.opdef.has_effect
-            for v in n.outputs}
+            for v in n.outputs if isinstance(v.type, TensorType)}  # a token holds no data
     return {v for v in made if last.get(v, -1) >= first}
 
 
