@@ -718,3 +718,18 @@ def test_node_times_runs_each_node_once_and_commits_nothing():
     assert all(np.array_equal(p.numpy(), before[k]) for k, p in params.items())
     w0 = next(v for v in inputs if v.name == "w0")
     assert not np.array_equal(inputs[w0], before["w0"])  # the copies were updated in place
+
+
+def test_an_assigned_view_of_a_parameter_stored_in_place_keeps_its_value():
+    """`assign(u, w.T)` with w updated in place by a kernel: the transpose is committed after
+    the step, so it is read after w's store and must be the old w."""
+    w = go.Parameter(np.arange(6, dtype=np.float64).reshape(2, 3), name="w")
+    u = go.Parameter(np.zeros((3, 2)), name="u")
+
+    def step(g):
+        go.assign(u, w.T)
+        go.assign(w, w - g)
+
+    go.jit(step, backend="llvm", cache=False)(np.ones((2, 3)))
+    np.testing.assert_array_equal(u.numpy(), np.arange(6.0).reshape(2, 3).T)
+    np.testing.assert_array_equal(w.numpy(), np.arange(6.0).reshape(2, 3) - 1)

@@ -376,7 +376,7 @@ class LLVMProgram:
         self._barrier = np.zeros(1, np.int64)
         # A numpy result that views a parameter a kernel stores in place must keep its value
         # only if something reads it once a store has run: decided here, from the schedule.
-        self.read_late = _read_late(self.nodes, self.native, graph)
+        self.read_late = _read_late(self.nodes, self.native, graph, self._reads)
         self.copies = _copies(self.nodes, self.native, self.read_late)
         self.plan = self._plan()
         self.buffers = self.plan.buffers
@@ -584,28 +584,20 @@ def _first_store(nodes: list[Node], native: dict[int, NativeKernel]) -> int | No
                 None)
 
 
-def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph
-               ) -> set[Value]:
+def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph,
+               reads) -> set[Value]:
     """The values numpy makes that something reads when or after the first in-place store
-    runs: a value returned by the step; one a node at or after that store reads; one a view
-    made by numpy reads, if the view is read late (the view is its memory). Only these can
-    see a store through a view, so only these are copied when they view a stored parameter
-    (base.run_nodes checks what they view as they are made)."""
+    runs, by the lifetimes the memory plan uses (memplan.lifetimes: a view's readers count as
+    its base's; returned and assigned values are read at the end, the commit). Only these
+    can see a store through a view, so only these are copied when they view a stored
+    parameter (base.run_nodes checks what they view as they are made)."""
     first = _first_store(nodes, native)
     if first is None:
         return set()
-    last = dict.fromkeys(graph.returned(), len(nodes))  # the step's results: read at the end
-    for i in reversed(range(len(nodes))):
-        n = nodes[i]
-        k = native.get(id(n))
-        until = i
-        if k is None and n.opdef.view is not None:
-            until = max([i, *(last.get(v, i) for v in n.outputs)])
-        for v in (k.sources if k is not None else n.operands()):
-            last[v] = max(last.get(v, -1), until)
-    made = {v for n in nodes if id(n) not in native and not n.opdef.has_effect
-            for v in n.outputs if isinstance(v.type, TensorType)}  # a token holds no data
-    return {v for v in made if last.get(v, -1) >= first}
+    life = memplan.lifetimes(nodes, reads, graph)
+    return {v for n in nodes if id(n) not in native and not n.opdef.has_effect
+            for v in n.outputs  # a token holds no data
+            if isinstance(v.type, TensorType) and life[v][1] >= first}
 
 
 def _copies(nodes: list[Node], native: dict[int, NativeKernel], read_late: set[Value]
