@@ -122,3 +122,15 @@ class CheckpointError(GraphoptError, ValueError):
     message names the file and the entry), a state dict of the wrong form, values a
     parameter or an optimizer would refuse, a save inside a traced step, a write that
     failed. Loading that fails changes nothing; a save that fails leaves the old file."""
+
+
+class CollectiveError(GraphoptError, RuntimeError):
+    """A collective (all_reduce, reduce_scatter, all_gather, broadcast) that cannot run: an
+    unknown process group, a group of another size than the graph was traced for, ranks
+    whose compiled steps differ, a rank that did not arrive within the timeout. Raised on
+    every rank that sees it; no Parameter was changed."""
+
+
+class CollectiveTimeout(CollectiveError):
+    """A collective waited longer than its timeout (GRAPHOPT_COLLECTIVE_TIMEOUT) for the
+    other ranks: one of them is lost, stuck or running another step."""

@@ -10,14 +10,15 @@ PACKAGE = Path(__file__).resolve().parent.parent / "graphopt"
 
 # Bottom to top. A module belongs to the layer of its first name under graphopt/.
 LAYERS = [
-    {"errors", "envvars", "memory", "diskcache"},
+    {"errors", "envvars", "memory", "diskcache", "comm"},
     {"ir"},
     {"passes"},
     {"backends"},
     {"frontend", "ops"},
     {"compile"},
     {"autodiff"},
-    {"optim", "amp", "checkpoint", "explain", "cli", "demo", "__init__", "__main__"},
+    {"optim", "distributed", "amp", "checkpoint", "explain", "cli", "demo", "__init__",
+     "__main__"},
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}
 
