@@ -196,6 +196,17 @@ def slice_scatter(x: Any, src: Any, starts: Sequence[int], stops: Sequence[int],
                  for what, v in (("starts", starts), ("stops", stops), ("steps", steps))})
 
 
+
+def concat(xs: Sequence[Any], axis: int = 0) -> Tensor:
+    """The tensors of `xs` joined along `axis` (numpy's concatenate): the same dtype, the
+    same size on every other axis."""
+    xs = list(xs)
+    if not xs:
+        raise _error("concat: nothing to join (an empty list)")
+    ndim = len(_shape(xs[0]))
+    axis = checks.integer(axis, "concat: axis", _error)
+    return bind("concat", xs, {"axis": axis + ndim if -ndim <= axis < 0 else axis})
+
 def _basic_index(x: Any, key: Any) -> indexing.BasicIndex:
     shape = _shape(x)
     what = str(x.type) if isinstance(x, Tensor) else f"an array of shape {list(shape)}"

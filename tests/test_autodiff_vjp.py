@@ -87,6 +87,14 @@ def transpose_example(data, rng):
     return Example([normal(rng, shape), tuple(perm)], (0,))
 
 
+def concat_example(data, rng):
+    shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=3, **SIDE))
+    axis = data.draw(st.integers(0, len(shape) - 1))
+    sizes = data.draw(st.lists(st.integers(1, 3), min_size=1, max_size=3))
+    parts = [normal(rng, shape[:axis] + (n,) + shape[axis + 1:]) for n in sizes]
+    return Example(parts + [axis], tuple(range(len(parts))))
+
+
 def index_example(data, rng):
     shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=3, **SIDE))
     return Example([normal(rng, shape), data.draw(hnp.basic_indices(shape, allow_newaxis=True))],
@@ -165,6 +173,7 @@ CASES: dict[str, Case] = {
     "broadcast_to": Case(ops.broadcast_to, broadcast_to_example),
     "transpose": Case(ops.transpose, transpose_example),
     "slice": Case(ops.index, index_example),
+    "concat": Case(lambda *xs: ops.concat(xs[:-1], xs[-1]), concat_example),
     "slice_scatter": Case(ops.index_update, index_update_example),
     "matmul": Case(ops.matmul, matmul_example),
     "depend": Case(ops.depend, unary()),

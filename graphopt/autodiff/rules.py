@@ -12,6 +12,8 @@ holds the table to that.
 """
 from __future__ import annotations
 
+import builtins
+import functools
 from typing import Any, Callable
 
 import numpy as np
@@ -113,6 +115,25 @@ def _mse(ct: Any, pred: Any, target: Any) -> Any:
     return diff * (ct * (2 / max(diff.size, 1)))  # (an empty diff has an empty gradient)
 
 
+class _PerInput:
+    """The rules of a variadic op (concat): `rules[i]` is `rule(i, ...)` for every input i."""
+
+    def __init__(self, rule: Callable[..., Any]):
+        self.rule = rule
+
+    def __getitem__(self, i: int) -> Callable[..., Any]:
+        return functools.partial(self.rule, i)
+
+
+def _concat(i: int, ct: Any, out: Any, *xs: Any, axis: int) -> Any:
+    """Input i's part of the cotangent: its range along `axis`."""
+    start = builtins.sum(x.shape[axis] for x in xs[:i])
+    starts = [0] * ct.ndim
+    stops = list(ct.shape)
+    starts[axis], stops[axis] = start, start + xs[i].shape[axis]
+    return ops.slice(ct, starts, stops, shape=xs[i].shape)
+
+
 VJP: dict[str, tuple[VjpRule | None, ...]] = {
     # elementwise
     "add": (_identity, _identity),
@@ -156,6 +177,7 @@ VJP: dict[str, tuple[VjpRule | None, ...]] = {
                           ct, ops.zeros(src.shape, src.dtype), starts, stops, steps),
                       lambda ct, out, x, src, starts, stops, steps: ops.slice(
                           ct, starts, stops, steps, src.shape)),
+    "concat": _PerInput(_concat),
     "matmul": (_matmul_da, _matmul_db),
     "depend": (_identity,),
     # network ops

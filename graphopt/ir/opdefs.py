@@ -346,6 +346,30 @@ register(OpDef("slice_scatter", SHAPE, _slice_scatter_infer, _slice_scatter_impl
                doc="x with its slice (as in slice) replaced by the source"))
 
 
+
+def _concat_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    if not types:
+        raise OpTypeError("concat takes at least 1 input, got 0")
+    xs = _tensors("concat", types, len(types))
+    first = xs[0]
+    axis = attrs["axis"]
+    if not 0 <= axis < len(first.shape):
+        raise OpTypeError(f"concat: axis {axis} is not an axis of {first} (0 <= axis < ndim)")
+    for x in xs[1:]:
+        if x.dtype != first.dtype or len(x.shape) != len(first.shape) or any(
+                a != b for i, (a, b) in enumerate(zip(x.shape, first.shape)) if i != axis):
+            raise OpTypeError(f"concat: {x} does not join {first} along axis {axis} (the same "
+                              f"dtype and the same size on every other axis)")
+    size = sum(x.shape[axis] for x in xs)
+    return [TensorType(first.shape[:axis] + (size,) + first.shape[axis + 1:], first.dtype)]
+
+
+register(OpDef("concat", SHAPE, _concat_infer, lambda *xs, axis: np.concatenate(xs, axis),
+               attrs=("axis",), attr_kinds=(INT_ATTR,),
+               into=lambda out, *xs, axis: np.concatenate(xs, axis, out=out),
+               doc="the inputs joined along `axis` (numpy's concatenate); flat gradient "
+                   "buckets are made with it"))
+
 def _matmul_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     a, b = _tensors("matmul", types, 2)
     d = _one_dtype("matmul", [a, b], NUM)
