@@ -316,6 +316,8 @@ def _backward(trace: Trace, req: _Request, start: int, loss: Value,
     grads = iter(backprop(trace, start, loss, variables))
     arg_grads = [pytree.unflatten(tree, [next(grads) for _ in leaves]) for leaves, tree in arg_vars]
     param_grads = [next(grads) for _ in req.params]
+    if trace.parallel is not None:  # data parallelism: averaged over the ranks
+        param_grads = trace.parallel.gradients(req.params, param_grads)
     by_arg = arg_grads[0] if req.one_argnum else tuple(arg_grads)
     by_param = pytree.unflatten(req.wrt_tree, param_grads) if req.wrt_tree else None
     if req.wrt_tree is None:

@@ -42,14 +42,19 @@ class Executable:
 
     def __init__(self, fn: Callable, traced: Traced, backend: str,
                  passes: str | Sequence[str] | None = None, fastmath: bool = False,
-                 cache: bool = True):
+                 cache: bool = True, parallel: Any = None):
         from .. import passes as pass_manager
         self.fn = fn
         self.traced_graph: Graph = traced.graph  # as traced, before any pass
+        self.parallel = parallel
+        options = {}
+        if parallel is not None:  # its passes first (they match what the tracer made)
+            passes = parallel.pipeline(pass_manager.parse_pipeline(passes))
+            options = parallel.pass_options()
         # The result of the passes is verified (GRAPHOPT_VERIFY=each verifies the traced graph
         # and the graph after every pass too, when debugging the tracer or a pass).
         self.pass_result = pass_manager.run(traced.graph, passes, fastmath=fastmath,
-                                            verify="last")
+                                            options=options, verify="last")
         self.graph: Graph = self.pass_result.graph  # what runs
         self.backend_name = backend
         self.program = get_backend(backend).compile(self.graph, fastmath=fastmath, cache=cache)
@@ -70,6 +75,7 @@ class Executable:
         self.exposed = aliasing.exposed(p for v, p in self.param_inputs if v in updated)
         self._domain = exclusion.domain_of([self, *(p for _, p in self.param_inputs)])
         self.last_step_seconds: float | None = None
+        self._agreed = parallel is None  # the ranks checked they compiled the same step
 
     def __call__(self, *args: Any, **kwargs: Any) -> Any:
         """Run the step on arguments of the structure it was compiled for; return its
@@ -107,6 +113,9 @@ class Executable:
                 inputs[v] = leaf
             else:
                 inputs[v] = _checked_array(leaf, v.type, path, v in self._native)
+        if not self._agreed:  # before the first collective could pair with another step's
+            self.parallel.prepare(self.graph, getattr(self.fn, "__name__", "step"))
+            self._agreed = True
         start = time.perf_counter()
         domain = self._domain.acquire()  # calls touching the same parameters take turns
         try:

@@ -100,11 +100,12 @@ class JittedFunction:
         passes: the pass pipeline, as a list of names.
         fastmath: whether fast-math rewrites and flags are on.
         cache: whether compiled kernels use the disk cache.
+        parallel: the data-parallel strategy (graphopt.distributed.DataParallel), or None.
     """
 
     def __init__(self, fn: Callable, backend: str | None = None,
                  passes: str | Sequence[str] | None = None, fastmath: bool = False,
-                 cache: bool = True):
+                 cache: bool = True, parallel: Any = None):
         from .. import envvars
         from ..backends import get_backend
         from ..passes.manager import parse_pipeline
@@ -126,6 +127,10 @@ class JittedFunction:
         self.cache = cache
         self.fn = fn
         self.backend = backend
+        if parallel is not None and not callable(getattr(parallel, "gradients", None)):
+            raise ArgumentError(f"jit: parallel must be a strategy such as "
+                                f"graphopt.distributed.DataParallel(...), got {parallel!r}")
+        self.parallel = parallel
         self._cache: dict[tuple, Any] = {}
         self._tree: pytree.TreeDef | None = None
         self._last: _LastCall | None = None
@@ -144,14 +149,16 @@ class JittedFunction:
         if self._tree is not None:
             pytree.check_same(self._tree, tree, self.__name__)
         specs = [leaf_spec(x, p) for x, p in zip(leaves, paths)]
-        key = (tree, tuple(specs), target)
+        key = (tree, tuple(specs), target,
+               self.parallel.key() if self.parallel is not None else None)
         exe = self._cache.get(key)
         if exe is None:
             with _gc_paused():
-                traced = trace_function(self.fn, args, kwargs, (leaves, paths, tree, specs))
+                traced = trace_function(self.fn, args, kwargs, (leaves, paths, tree, specs),
+                                        self.parallel)
                 self._traces += 1
                 exe = Executable(self.fn, traced, self.backend, self.passes, self.fastmath,
-                                 self.cache)
+                                 self.cache, self.parallel)
             self._compiles += 1
             self._cache[key] = exe
             self._tree = tree
@@ -178,8 +185,8 @@ class JittedFunction:
 
 
 def jit(fn: Callable | None = None, *, backend: str | None = None,
-        passes: str | Sequence[str] | None = None, fastmath: bool = False, cache: bool = True
-        ) -> JittedFunction | Callable[[Callable], JittedFunction]:
+        passes: str | Sequence[str] | None = None, fastmath: bool = False, cache: bool = True,
+        parallel: Any = None) -> JittedFunction | Callable[[Callable], JittedFunction]:
     """Compile a step function: `@jit`, `@jit(backend=..., passes=...)` or `jit(fn, ...)`.
 
     Nothing is traced until the first call (see JittedFunction).
@@ -193,6 +200,9 @@ def jit(fn: Callable | None = None, *, backend: str | None = None,
         fastmath: allow rewrites that are only algebraically exact (see
             passes/simplify.py) and fast-math flags in compiled kernels.
         cache: False keeps compiled kernels out of the disk cache.
+        parallel: a data-parallel strategy, `graphopt.distributed.DataParallel(zero=...)`:
+            every rank runs the step on its slice of the batch; gradients are averaged
+            over the ranks, and with zero >= 1 the optimizer state is sharded.
 
     Returns:
         A JittedFunction (or, without `fn`, a decorator that makes one).
@@ -203,5 +213,5 @@ def jit(fn: Callable | None = None, *, backend: str | None = None,
         PassError: an unknown pass name.
     """
     if fn is None:
-        return lambda f: JittedFunction(f, backend, passes, fastmath, cache)
-    return JittedFunction(fn, backend, passes, fastmath, cache)
+        return lambda f: JittedFunction(f, backend, passes, fastmath, cache, parallel)
+    return JittedFunction(fn, backend, passes, fastmath, cache, parallel)

@@ -97,10 +97,11 @@ _SUPPORTED = {d.np_dtype: d.name for d in DTYPES.values()}
 
 
 def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
-                   flat: tuple[list, list[str], pytree.TreeDef, list[tuple]] | None = None
-                   ) -> Traced:
+                   flat: tuple[list, list[str], pytree.TreeDef, list[tuple]] | None = None,
+                   parallel: Any = None) -> Traced:
     """Trace fn on these arguments. `flat`: the arguments' leaves, paths, structure and leaf
-    specs, when the caller (jit) has them already."""
+    specs, when the caller (jit) has them already; `parallel`: the data-parallel strategy
+    the step is traced for (Trace.parallel)."""
     if not callable(fn):
         raise ArgumentError(f"the function to trace must be callable, got "
                             f"{type(fn).__name__} {fn!r}")
@@ -111,6 +112,7 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
     else:
         leaves, paths, in_tree, specs = flat
     trace = Trace(name)
+    trace.parallel = parallel
     proxies, kinds, used = [], [], set()
     for leaf, path, spec in zip(leaves, paths, specs):
         if spec[0] == "param":

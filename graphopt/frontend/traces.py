@@ -161,6 +161,9 @@ class Trace(BaseTrace):
         # id(Parameter) -> (kernel node, role, instance).
         self.maps: list = []
         self.map_writes: dict[int, tuple] = {}
+        # The data-parallel strategy the step is traced for (graphopt.distributed's
+        # DataParallel), or None: value_and_grad and the optimizers ask it what to add.
+        self.parallel: Any = None
 
     def read_param(self, p: Parameter) -> Value:
         if id(p) in self.assigned:

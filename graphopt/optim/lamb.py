@@ -7,7 +7,7 @@ from .. import ops
 from .adam import ADAM_OPTIONS, Moments
 from .groups import ParamGroup
 from .optimizer import Hyper, Scalars, Slot
-from .rules import l2_norm, moment_scalars
+from .rules import moment_scalars
 
 
 class LAMB(Moments):
@@ -39,6 +39,6 @@ class LAMB(Moments):
         p = self.read(s)
         m, v = self.moments(s, g, c)
         r = (m / c.bias1) / (ops.sqrt(v / c.bias2) + c.eps) + c.weight_decay * p
-        p_norm, r_norm = l2_norm(p), l2_norm(r)
+        p_norm, r_norm = s.norm(p), s.norm(r)
         trust = ops.where((p_norm > 0) & (r_norm > 0), p_norm / r_norm, 1.0)
         self.write(s, p - c.lr * trust * r)

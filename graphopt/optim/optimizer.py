@@ -47,6 +47,7 @@ from ..frontend.traces import current_trace
 from ..ir.types import DType, TensorType, bf16, bool_, f16, f32, f64, to_dtype
 from .arguments import CheckedArguments
 from .groups import Option, ParamGroup, as_group_dicts, check_parameters, flag
+from .rules import l2_norm
 
 LOW_PRECISION = (f16, bf16)
 
@@ -73,6 +74,22 @@ class Slot:
     @property
     def master(self) -> Parameter | None:
         return self.state.get("master")
+
+    def current(self) -> Tensor:
+        """The parameter's value as the update reads it (a ZeRO shard reads its part of
+        the flat parameters instead)."""
+        return self.param
+
+    def commit(self, opt: Optimizer, value: Tensor) -> None:
+        """Store the parameter's new value, rounded to its dtype (where the step's `where=`
+        holds)."""
+        opt._write(self.param, as_dtype(value, self.param.dtype))
+
+    def norm(self, x: Tensor) -> Tensor:
+        """The L2 norm of `x`, a tensor of this parameter's shape (LAMB's trust ratio).
+        Under ZeRO a shard holds parts of several parameters: there it is each element's
+        parameter's norm, over every rank."""
+        return l2_norm(x)
 
 
 class Hyper:
@@ -172,6 +189,8 @@ class Optimizer(metaclass=CheckedArguments):
              for k, v in self.init_group_state(g).items()} for g in self.param_groups]
         self._slots = [self._make_slot(p, g) for g in self.param_groups for p in g.params]
         self._apply: Any = None  # the `where=` condition of the step being built
+        # Under DataParallel(zero >= 1): this rank's shards of the state (distributed/).
+        self.sharding: Any = None
 
     # -- what a subclass defines -----------------------------------------------------------
     def init_state(self, group: ParamGroup) -> dict[str, float]:
@@ -272,10 +291,15 @@ class Optimizer(metaclass=CheckedArguments):
             t = functools.cache(lambda: ops.cast(new_count, f64))  # made when first used
             done = functools.cache(lambda: ops.cast(count, f64))
             by_param = dict(zip((s.param.name for s in self._slots), grads))
+            parallel = getattr(current_trace(), "parallel", None)
+            sharded = parallel.sharding(self) if parallel is not None else None
             for group in self.param_groups:
                 values = self.scalars(group, Hyper(group, t, done))
                 casts: dict[DType, Scalars] = {}
                 for batch in self._batches(group):
+                    if sharded is not None:  # ZeRO: this rank updates its shard of each bucket
+                        sharded.update(batch, values, by_param)
+                        continue
                     if self._map(batch, values, by_param):
                         continue
                     for slot in batch:
@@ -330,7 +354,7 @@ class Optimizer(metaclass=CheckedArguments):
         `assign` in another step, a checkpoint of the weights alone), the parameter no longer
         equals round(master), and the master is re-seeded from it: `where` per element, in
         the update's kernel (2 bytes more read per element), never a lost write."""
-        master, p = slot.master, slot.param
+        master, p = slot.master, slot.current()
         if master is None:
             return p
         return ops.where(as_dtype(master, p.dtype) == p, master, as_dtype(p, master.dtype))
@@ -340,7 +364,7 @@ class Optimizer(metaclass=CheckedArguments):
         only where the step's `where=` holds."""
         if slot.master is not None:
             self._write(slot.master, value)
-        self._write(slot.param, as_dtype(value, slot.param.dtype))
+        slot.commit(self, value)
 
     def read_state(self, slot: Slot, key: str) -> Tensor:
         """The parameter's state tensor `key` ("exp_avg", ...) in its compute dtype (a cast
@@ -434,7 +458,7 @@ class Optimizer(metaclass=CheckedArguments):
             out += g.hyper_parameters() + list(gs.values())
         for s in self._slots:
             out += list(s.state.values())
-        return out
+        return out + (self.sharding.parameters() if self.sharding is not None else [])
 
     def state_dict(self) -> dict[str, Any]:
         """A copy of everything needed to resume: the fixed options of each group (for a

@@ -17,7 +17,7 @@ import re
 import sys
 import time
 from dataclasses import dataclass, field
-from typing import Callable, Iterable, TextIO
+from typing import Any, Callable, Iterable, TextIO
 
 from ..errors import GraphoptError, VerifyError
 from ..ir.graph import Graph, Location
@@ -48,10 +48,12 @@ class Refusal:
 @dataclass
 class PassContext:
     """What every pass may read and write besides the graph: `fastmath` (rewrites that are
-    only algebraically exact are allowed), the refusals recorded so far, and `current`, the
-    name of the pass that runs."""
+    only algebraically exact are allowed), `options` (settings of particular passes, by
+    name: the bucket pass's "bucket_bytes"), the refusals recorded so far, and `current`,
+    the name of the pass that runs."""
 
     fastmath: bool = False
+    options: dict[str, Any] = field(default_factory=dict)
     refusals: list[Refusal] = field(default_factory=list)
     current: str = ""
 
@@ -189,7 +191,8 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         print_before: str | Iterable[str] = (), print_after: str | Iterable[str] = (),
         print_after_all: bool = False, print_after_change: bool = False,
         verify: bool | str = True,
-        fastmath: bool = False, diffs: bool = False, out: TextIO | None = None) -> PipelineResult:
+        fastmath: bool = False, options: dict[str, Any] | None = None, diffs: bool = False,
+        out: TextIO | None = None) -> PipelineResult:
     """Run passes on a copy of `graph` (the graph itself is left as it was).
 
     Args:
@@ -205,6 +208,7 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
             result (what jit does: compile time), False never; GRAPHOPT_VERIFY=each makes
             every pipeline verify the input and every pass.
         fastmath: allow rewrites that are only algebraically exact.
+        options: settings of particular passes, by name (PassContext.options).
         diffs: keep a unified diff of the text IR in each pass's stats (explain uses it).
         out: where to print (default sys.stdout).
 
@@ -222,7 +226,7 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
     g = graph.clone()
     if each:
         _verify(g, "the input graph does not verify (before any pass)")
-    ctx = PassContext(fastmath=fastmath)
+    ctx = PassContext(fastmath=fastmath, options=dict(options or {}))
     stats: list[PassStats] = []
     memo: dict[int, tuple[int, int]] = {}
     for name in names:

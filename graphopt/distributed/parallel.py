@@ -1,0 +1,104 @@
+"""DataParallel: the strategy `jit(step, parallel=DataParallel(...))` compiles a step with.
+
+Every rank runs the same step on its own slice of the batch. The user's step function is
+the single-process one; the strategy adds the communication where it belongs:
+
+- **value_and_grad** (`gradients`): each gradient with respect to a Parameter is averaged
+  over the ranks, an `all_reduce(reduce="mean")` (torch DDP's average, so the learning
+  rate of one process on the whole batch is right for N ranks on N slices). What the step
+  does with its gradients next (clip them, log their norm) sees the averaged ones.
+- **the optimizer** (`sharding`, zero >= 1): each rank keeps and updates only its shard of
+  the flat buckets of parameters (sharding.py).
+- **the passes** (`pipeline`): `zero` (zero >= 1) and `bucket` run before the default
+  pipeline (passes.py), with `bucket_bytes`.
+- **the first run** (`prepare`): the ranks check that they compiled the same step
+  (fingerprint.py), before any collective could pair with a different one.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Sequence
+
+from .. import comm, ops
+from ..errors import ArgumentError, OptimizerError
+from .layout import DEFAULT_BUCKET_BYTES
+from .sharding import Sharding
+
+if TYPE_CHECKING:
+    from ..optim.optimizer import Optimizer
+
+
+@dataclass(frozen=True)
+class DataParallel:
+    """Data-parallel training over the ranks of `group` (see graphopt.distributed.init).
+
+    Args:
+        zero: 0: gradients are averaged by all_reduce, every rank keeps the whole optimizer
+            state. 1: the optimizer state (moments, master weights) is sharded, each rank
+            updating 1/N of every bucket, then all_gathering the parameters. 2: also the
+            gradients: a reduce_scatter gives each rank only its shard's averaged gradient.
+        bucket_bytes: gradients are packed into flat buckets that close once they hold this
+            many bytes (torch DDP's 25 MiB by default): fewer, larger collectives.
+        group: the process group ("world": every rank of the job).
+
+    Raises:
+        ArgumentError: a zero stage other than 0, 1, 2, or a bucket size that is not a
+            positive integer.
+    """
+
+    zero: int = 0
+    bucket_bytes: int = DEFAULT_BUCKET_BYTES
+    group: str = "world"
+
+    def __post_init__(self) -> None:
+        if self.zero not in (0, 1, 2) or isinstance(self.zero, bool):
+            raise ArgumentError(f"DataParallel: zero must be 0, 1 or 2, got {self.zero!r}")
+        if not isinstance(self.bucket_bytes, int) or isinstance(self.bucket_bytes, bool) or \
+                self.bucket_bytes < 1:
+            raise ArgumentError(f"DataParallel: bucket_bytes must be a positive integer, got "
+                                f"{self.bucket_bytes!r}")
+        if not isinstance(self.group, str):
+            raise ArgumentError(f"DataParallel: group must be a group's name, got "
+                                f"{self.group!r}")
+
+    @property
+    def ranks(self) -> int:
+        """The number of ranks in the group, now."""
+        return comm.group(self.group).size
+
+    def key(self) -> tuple:
+        """What a compiled step depends on besides its arguments: a step traced for 4 ranks
+        is not the step for 2."""
+        return ("DataParallel", self.zero, self.bucket_bytes, self.group, self.ranks)
+
+    def gradients(self, params: Sequence[Any], grads: list[Any]) -> list[Any]:
+        """The gradients with respect to `params`, averaged over the ranks."""
+        return [ops.all_reduce(g, "mean", group=self.group) for g in grads]
+
+    def sharding(self, opt: Optimizer) -> Sharding | None:
+        """The optimizer's shards on this rank (made on first use), None at zero=0."""
+        if self.zero == 0:
+            return None
+        s = opt.sharding
+        layout = (comm.group(self.group).rank, self.ranks, self.bucket_bytes, self.group)
+        if s is None:
+            s = opt.sharding = Sharding(opt, *layout)
+        elif (s.rank, s.ranks, s.bucket_bytes, s.group) != layout:
+            raise OptimizerError(f"{type(opt).__name__} '{opt.name}': its state is sharded "
+                                 f"for {s.ranks} ranks with buckets of {s.bucket_bytes} bytes; "
+                                 f"this step asks for {layout[1]} ranks and {layout[2]} bytes")
+        return s
+
+    def pipeline(self, passes: list[str]) -> list[str]:
+        """The pass pipeline: the data-parallel passes first, then `passes`."""
+        return (["zero"] if self.zero else []) + ["bucket"] + list(passes)
+
+    def pass_options(self) -> dict[str, Any]:
+        """The settings of those passes."""
+        return {"zero": self.zero, "bucket_bytes": self.bucket_bytes}
+
+    def prepare(self, graph: Any, what: str) -> None:
+        """Before the first run of a compiled step: every rank compiled the same one (a
+        CollectiveError on every rank otherwise, naming the ranks and the difference)."""
+        from .fingerprint import check_same
+        check_same(graph, what, self.group)

@@ -1,0 +1,107 @@
+"""A small MLP trained data-parallel; run under mpiexec, or imported for the one-process run.
+
+    mpiexec -n N python ddp_train.py OUT [CASE...]      CASE: optimizer:zero[:clip], e.g. adam:2
+
+Each rank trains each case on its slice of the same batch and writes, per case, its
+parameters, losses, the bytes of optimizer state it holds and the collectives of its step
+to OUT/rank<r>.npz (keys "CASE/name"). `train(...)` with ranks=1 and no parallel is the one
+process that sees the whole batch.
+"""
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import numpy as np
+
+import graphopt as go
+from graphopt import distributed as dist
+from graphopt import ops, optim
+
+BATCH, SIZES = 48, [(5, 16), (16, 16), (16, 3)]
+OPTIMIZERS = {
+    "sgd": lambda p: optim.SGD(p, lr=0.05, momentum=0.9),
+    "adam": lambda p: optim.Adam(p, lr=0.01),
+    "adamw": lambda p: optim.AdamW(p, lr=0.01, weight_decay=0.1),
+    "lamb": lambda p: optim.LAMB(p, lr=0.01, weight_decay=0.01),
+}
+
+
+def data(dtype):
+    rng = np.random.default_rng(0)
+    return (rng.standard_normal((BATCH, SIZES[0][0])).astype(dtype),
+            rng.integers(0, SIZES[-1][1], BATCH).astype(np.int32))
+
+
+def init(dtype):
+    rng = np.random.default_rng(1)
+    params = {}
+    for i, (a, b) in enumerate(SIZES):
+        params[f"fc{i}.w"] = go.Parameter((rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype),
+                                          name=f"fc{i}.w")
+        params[f"fc{i}.b"] = go.Parameter(np.zeros(b, dtype), name=f"fc{i}.b")
+    return params
+
+
+def train(opt_name: str, steps: int, clip: bool, dtype=np.float64, parallel=None,
+          rank: int = 0, ranks: int = 1):
+    """Train from the same start; returns the parameters, the optimizer and the losses."""
+    x, labels = data(dtype)
+    part = BATCH // ranks
+    x, labels = x[rank * part:(rank + 1) * part], labels[rank * part:(rank + 1) * part]
+    params = init(dtype)
+    opt = OPTIMIZERS[opt_name](params)
+
+    def loss_fn(x, labels):
+        h = x
+        for i in range(len(SIZES)):
+            h = h @ params[f"fc{i}.w"] + params[f"fc{i}.b"]
+            if i < len(SIZES) - 1:
+                h = ops.tanh(h)
+        return ops.softmax_cross_entropy(h, labels)
+
+    grad_fn = go.value_and_grad(loss_fn, wrt=params)
+
+    def train_step(x, labels):
+        loss, grads = grad_fn(x, labels)
+        if clip:
+            grads, _ = optim.clip_grad_norm(grads, 0.5)
+        opt.step(grads)
+        return loss
+
+    step = go.jit(train_step, parallel=parallel)
+    losses = [float(step(x, labels)) for _ in range(steps)]
+    return params, opt, losses, step.lower(x, labels)
+
+
+def state_bytes(opt) -> int:
+    """The bytes of the optimizer's state tensors this process holds (not its scalars)."""
+    return sum(p.numpy().nbytes for p in opt.parameters() if p.numpy().ndim)
+
+
+def main(argv: list[str]) -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("out", type=Path)
+    ap.add_argument("cases", nargs="+")
+    ap.add_argument("--steps", type=int, default=10)
+    ap.add_argument("--bucket-bytes", type=int, default=256)
+    ap.add_argument("--dtype", default="float64")
+    a = ap.parse_args(argv)
+    dist.init()
+    out = {}
+    for case in a.cases:
+        opt_name, zero, *clip = case.split(":")
+        parallel = dist.DataParallel(zero=int(zero), bucket_bytes=a.bucket_bytes)
+        params, opt, losses, compiled = train(opt_name, a.steps, bool(clip), np.dtype(a.dtype),
+                                              parallel, dist.rank(), dist.world_size())
+        out.update({f"{case}/{k}": p.numpy() for k, p in params.items()})
+        out[f"{case}/losses"] = np.array(losses)
+        out[f"{case}/state_bytes"] = state_bytes(opt)
+        out[f"{case}/collectives"] = np.array([n.op for n in compiled.graph.nodes
+                                               if n.opdef.ordered])
+    np.savez(a.out / f"rank{dist.rank()}.npz", **out)
+
+
+if __name__ == "__main__":
+    main(sys.argv[1:])
