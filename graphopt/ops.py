@@ -12,11 +12,13 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from .errors import OpTypeError
+from . import comm
+from .errors import CollectiveError, OpTypeError
 from .frontend import checks, indexing
 from .frontend.tensor import Tensor
 from .frontend.bind import assign, bind, depend
 from .frontend.traces import user_location
+from .ir.collectives import REDUCES
 from .ir.opdefs import constant_value
 from .ir.types import f32
 
@@ -31,6 +33,7 @@ __all__ = [
     "ones", "full_like", "zeros_like", "ones_like", "depend", "assign",
     "relu", "tanh", "sigmoid", "softplus", "gelu", "stop_gradient", "log_softmax", "softmax",
     "softmax_cross_entropy", "mse_loss", "gather", "scatter_add", "one_hot", "arange",
+    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "shard",
 ]
 
 
@@ -342,3 +345,82 @@ def one_hot(labels: Any, classes: int, dtype: Any = f32) -> Tensor:
     classes = checks.integer(classes, "one_hot: classes", _error, low=0)
     labels = reshape(labels, _shape(labels) + (1,))
     return cast(equal(labels, arange(classes, _dtype(labels))), dtype)
+
+
+# -- collectives: values exchanged between the ranks of a process group ---------------------------
+def _group(group: Any, op: str) -> dict[str, Any]:
+    """The attributes that name a process group: its name, and its number of ranks now, which
+    the node keeps (a step traced for 4 ranks refuses to run on 2)."""
+    if not isinstance(group, str):
+        raise _error(f"{op}: group must be the name of a process group (a str), got {group!r}")
+    try:
+        return {"group": group, "ranks": comm.group(group).size}
+    except CollectiveError as e:
+        raise CollectiveError(e.message, loc=user_location()) from None
+
+
+def _reduce(reduce: Any, op: str) -> str:
+    return checks.choice(reduce, REDUCES, f"{op}: reduce", _error)
+
+
+def all_reduce(x: Any, reduce: str = "sum", group: str = "world") -> Tensor:
+    """The elementwise sum, max or mean of x over every rank of the process group, on every
+    rank (graphopt.comm; the world is this one process unless a distributed runtime set
+    one up). "mean" is the sum divided by the number of ranks, for float dtypes; a bool
+    sum is a logical or.
+
+    Raises:
+        OpTypeError: a reduce that is not "sum", "max" or "mean"; "mean" of an integer or
+            bool tensor.
+        CollectiveError: no process group has that name.
+    """
+    return bind("all_reduce", [x], {**_group(group, "all_reduce"),
+                                    "reduce": _reduce(reduce, "all_reduce")})
+
+
+def reduce_scatter(x: Any, reduce: str = "sum", group: str = "world") -> Tensor:
+    """The sum, max or mean of x over the ranks, split along axis 0 into one equal part per
+    rank: this rank's part, of shape (x.shape[0] // ranks, *x.shape[1:]).
+
+    Raises:
+        OpTypeError: x.shape[0] is not a multiple of the number of ranks, x has no axis, or
+            a bad reduce (as in all_reduce).
+        CollectiveError: no process group has that name.
+    """
+    return bind("reduce_scatter", [x], {**_group(group, "reduce_scatter"),
+                                        "reduce": _reduce(reduce, "reduce_scatter")})
+
+
+def all_gather(x: Any, group: str = "world") -> Tensor:
+    """Every rank's x, concatenated along axis 0 in rank order, on every rank: shape
+    (ranks * x.shape[0], *x.shape[1:]).
+
+    Raises:
+        OpTypeError: x has no axis.
+        CollectiveError: no process group has that name.
+    """
+    return bind("all_gather", [x], _group(group, "all_gather"))
+
+
+def broadcast(x: Any, root: int = 0, group: str = "world") -> Tensor:
+    """Rank `root`'s x, on every rank (the ranks' own values of x are not used).
+
+    Raises:
+        OpTypeError: root is not one of the ranks (0 <= root < ranks).
+        CollectiveError: no process group has that name.
+    """
+    attrs = _group(group, "broadcast")
+    return bind("broadcast", [x], {**attrs, "root": checks.integer(root, "broadcast: root",
+                                                                    _error, low=0)})
+
+
+def shard(x: Any, group: str = "world") -> Tensor:
+    """This rank's part of x: axis 0 split into one equal part per rank, part number rank
+    (x[r*k:(r+1)*k] with k = x.shape[0] // ranks). Nothing is sent; the value depends on the
+    rank, so it is never computed at compile time.
+
+    Raises:
+        OpTypeError: x.shape[0] is not a multiple of the number of ranks, or x has no axis.
+        CollectiveError: no process group has that name.
+    """
+    return bind("shard", [x], _group(group, "shard"))

@@ -140,6 +140,12 @@ def scatter_add_example(data, rng):
     return Example([normal(rng, x), idx, normal(rng, idx_shape + x[1:])], (0, 2))
 
 
+def rows_example(data, rng):
+    """A tensor with an axis 0, which a collective splits or gathers."""
+    shape = data.draw(hnp.array_shapes(min_dims=1, max_dims=3, **SIDE))
+    return Example([normal(rng, shape)], (0,))
+
+
 def _reduce(name):
     return lambda x, axes, keepdims: getattr(ops, name)(x, axes, keepdims)
 
@@ -187,6 +193,12 @@ CASES: dict[str, Case] = {
     "mse_loss": Case(ops.mse_loss, binary()),
     "gather": Case(ops.gather, gather_example),
     "scatter_add": Case(ops.scatter_add, scatter_add_example),
+    # In the world of this one process (tests/test_collectives.py has N ranks): the rules
+    # are collectives, chained after the forward's under jit.
+    "all_reduce": Case(lambda x: ops.all_reduce(x) * ops.all_reduce(x, "mean"), unary()),
+    "reduce_scatter": Case(lambda x: ops.reduce_scatter(x) * ops.reduce_scatter(x, "mean"),
+                           rows_example),
+    "all_gather": Case(lambda x: ops.all_gather(x) * x, rows_example),
 }
 
 

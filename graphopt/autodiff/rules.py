@@ -8,7 +8,14 @@ broadcast (output) shape: the transformation sums it back to the input's shape i
 
 Every op of the registry is either in `VJP` (one rule per input, None where no gradient flows:
 an integer index, a condition) or in `NOT_DIFFERENTIABLE`; test_every_op_says_how_it_differentiates
-holds the table to that.
+holds the table to that. A rule may also refuse (NotDifferentiableError) for some attributes
+(an all_reduce's max), and `WHY_NOT` says why an op of NOT_DIFFERENTIABLE has no rule where
+that is not obvious.
+
+The collectives' rules are collectives too, traced through graphopt.ops like any rule, so the
+tracer chains them after the forward's: the cotangent of an all_reduce sum is the all_reduce
+sum of the cotangents (every rank's output depends on every rank's input), an all_gather's
+is the reduce_scatter sum of its cotangents, a reduce_scatter's the all_gather of its own.
 """
 from __future__ import annotations
 
@@ -19,6 +26,7 @@ from typing import Any, Callable
 import numpy as np
 
 from .. import ops
+from ..errors import NotDifferentiableError
 from ..ir.opdefs import GELU_A, GELU_C, gelu_inner
 
 VjpRule = Callable[..., Any]  # rule(ct, out, *inputs, **attrs) -> the gradient of one input
@@ -27,7 +35,18 @@ VjpRule = Callable[..., Any]  # rule(ct, out, *inputs, **attrs) -> the gradient 
 # exist only after autodiff (kernels and their stores).
 NOT_DIFFERENTIABLE = frozenset({
     "isfinite", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
-    "logical_and", "logical_or", "logical_not", "constant", "assign", "kernel", "store"})
+    "logical_and", "logical_or", "logical_not", "constant", "assign", "kernel", "store",
+    "broadcast", "shard"})
+
+# Why a gradient cannot go through an op of NOT_DIFFERENTIABLE, where the op's kind does not
+# say it (autodiff's error adds it to its message).
+WHY_NOT = {
+    "broadcast": "its VJP depends on the rank: the root would get the sum of every rank's "
+                 "cotangent and the other ranks zeros, and an op's attributes are the same on "
+                 "every rank",
+    "shard": "its VJP depends on the rank: the cotangent goes to this rank's part of axis 0 "
+             "and zeros elsewhere, and an op's attributes are the same on every rank",
+}
 
 
 def _identity(ct: Any, out: Any, *inputs: Any, **attrs: Any) -> Any:
@@ -110,6 +129,29 @@ def _cross_entropy(ct: Any, out: Any, logits: Any, labels: Any) -> Any:
     return (ops.softmax(logits, -1) - target) * (ct / labels.size)
 
 
+def _no_max(op: str, reduce: str) -> None:
+    if reduce == "max":
+        raise NotDifferentiableError(
+            f'{op} with reduce="max" has no gradient rule: which rank holds each maximum is '
+            f'known only to the ranks that compare, so the cotangent cannot be sent back to '
+            f'it; wrap its input in graphopt.stop_gradient if it needs none')
+
+
+def _all_reduce(ct: Any, out: Any, x: Any, group: str, ranks: int, reduce: str) -> Any:
+    # y = sum over ranks of x_r on every rank: d(sum over ranks of L_r)/d x_r is the sum of
+    # every rank's cotangent (the mean's: its mean).
+    _no_max("all_reduce", reduce)
+    return ops.all_reduce(ct, reduce, group)
+
+
+def _reduce_scatter(ct: Any, out: Any, x: Any, group: str, ranks: int, reduce: str) -> Any:
+    # Rank s's part is the sum over ranks of x_r's part s: x_r's cotangent is every rank's
+    # cotangent in its place, the all_gather of them (divided by ranks for the mean).
+    _no_max("reduce_scatter", reduce)
+    gathered = ops.all_gather(ct, group)
+    return gathered / ranks if reduce == "mean" else gathered
+
+
 def _mse(ct: Any, pred: Any, target: Any) -> Any:
     diff = pred - target
     return diff * (ct * (2 / max(diff.size, 1)))  # (an empty diff has an empty gradient)
@@ -189,4 +231,9 @@ VJP: dict[str, tuple[VjpRule | None, ...]] = {
     "gather": (lambda ct, out, table, idx: ops.scatter_add(ops.zeros_like(table), idx, ct),
                None),
     "scatter_add": (_identity, None, lambda ct, out, x, idx, upd: ops.gather(ct, idx)),
+    # collectives (broadcast and shard: WHY_NOT)
+    "all_reduce": (_all_reduce,),
+    "reduce_scatter": (_reduce_scatter,),
+    # every rank's x is in every rank's output: the sum of the cotangents of its place
+    "all_gather": (lambda ct, out, x, group, ranks: ops.reduce_scatter(ct, "sum", group),),
 }

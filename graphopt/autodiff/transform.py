@@ -47,7 +47,7 @@ from ..frontend.parameter import Parameter
 from ..frontend.tensor import EagerTensor, Tensor, TracedTensor
 from ..frontend.traces import Trace, current_trace, user_location
 from ..frontend.tracer import trace_function
-from .rules import VJP
+from .rules import VJP, WHY_NOT
 
 # Traces in which a function is being differentiated right now: a value_and_grad called in
 # one of them would be a nested (higher-order) gradient, which is not supported.
@@ -123,15 +123,22 @@ def backprop(trace: Trace, start: int, loss: Value, variables: Sequence[Value]) 
             continue  # nothing downstream asked for a gradient through this node
         rules = VJP.get(node.op)
         if rules is None or len(node.outputs) != 1:
+            why = f" ({WHY_NOT[node.op]})" if node.op in WHY_NOT else ""
             raise NotDifferentiableError(
-                f"op '{node.op}' has no VJP rule, and a gradient has to flow through it; "
+                f"op '{node.op}' has no VJP rule{why}, and a gradient has to flow through it; "
                 f"wrap its input in graphopt.stop_gradient if it needs none", loc=node.loc)
         inputs = [tensor(v) for v in node.inputs]
         with _Emitting(graph.nodes, node.loc):
             for x, rule in zip(node.inputs, rules):
                 if rule is None or x not in active:
                     continue
-                g = sum_to_shape(rule(cts[0], tensor(node.out), *inputs, **node.attrs), x.shape)
+                try:
+                    g = rule(cts[0], tensor(node.out), *inputs, **node.attrs)
+                except NotDifferentiableError as e:  # a rule that refuses these attributes
+                    if e.loc is not None:
+                        raise
+                    raise NotDifferentiableError(e.message, loc=node.loc) from None
+                g = sum_to_shape(g, x.shape)
                 assert g.type == x.type, (node.op, g.type, x.type)
                 cotangents[x] = cotangents[x] + g if x in cotangents else g
     grads = []

@@ -97,6 +97,13 @@ def axes(x: Any, ndim: int, what: str, error: Callable) -> tuple[int, ...]:
     return tuple(sorted(out))
 
 
+def choice(x: Any, choices: tuple[str, ...], what: str, error: Callable) -> str:
+    """x as one of a few words (a reduction's name)."""
+    if not isinstance(x, str) or x not in choices:
+        raise error(f"{what} must be one of {', '.join(map(repr, choices))}, got {x!r}")
+    return x
+
+
 def callable_(fn: Any, what: str, error: Callable) -> Any:
     if not callable(fn):
         raise error(f"{what} must be a function, got {type(fn).__name__} {fn!r}")

@@ -142,6 +142,9 @@ class MapTrace(traces.Trace):
         return out
 
     def check_op(self, op: OpDef, loc: Location | None) -> None:
+        if op.ordered:  # every rank runs it once, in order: never once per element
+            raise MapUnsupported(f"{op.name} is an ordered op (a collective): it cannot be "
+                                 f"part of a mapped rule", loc=loc)
         if op.category not in (ELEMENTWISE, CONSTANT):
             raise MapUnsupported(f"{op.name} is not elementwise", loc=loc)
 

@@ -3,9 +3,11 @@
 A `Trace` builds a Graph: each op `bind` applies becomes a node, Parameters are read as `@name`,
 `assign` records the newest value of a parameter, and at the end one `assign` per parameter is
 emitted, ordered after every node that read the parameter's old value (the write-after-read
-edges). `EagerTrace` is eager mode as just another trace (JAX's EvalTrace): the same calls
-compute with numpy at once and write Parameters directly. `active_trace()` is the innermost
-trace, or the eager one outside any.
+edges). Ordered ops (the collectives) are chained in program order: each gets an after edge
+to the one before, so every rank issues them in the order the step function calls them.
+`EagerTrace` is eager mode as just another trace (JAX's EvalTrace): the same calls compute
+with numpy at once and write Parameters directly. `active_trace()` is the innermost trace, or
+the eager one outside any.
 """
 from __future__ import annotations
 
@@ -164,6 +166,8 @@ class Trace(BaseTrace):
         # The data-parallel strategy the step is traced for (graphopt.distributed's
         # DataParallel), or None: value_and_grad and the optimizers ask it what to add.
         self.parallel: Any = None
+        # The result of the last ordered node (a collective), which the next one waits for.
+        self.last_ordered: Value | None = None
 
     def read_param(self, p: Parameter) -> Value:
         if id(p) in self.assigned:
@@ -188,8 +192,14 @@ class Trace(BaseTrace):
 
     def apply(self, op: OpDef, inputs: Sequence[Value], attrs: dict[str, Any],
               out_types: list[TensorType], loc: Location | None) -> list[Value]:
-        return self.graph.add_node(op.name, list(inputs), attrs, loc=loc,
-                                   out_types=out_types).outputs
+        if not op.ordered:
+            return self.graph.add_node(op.name, list(inputs), attrs, loc=loc,
+                                       out_types=out_types).outputs
+        after = [] if self.last_ordered is None else [self.last_ordered]
+        node = self.graph.add_node(op.name, list(inputs), attrs, loc=loc, out_types=out_types,
+                                   after=after)
+        self.last_ordered = node.outputs[0]
+        return node.outputs
 
     def tensor(self, payload: Value, weak: bool) -> TracedTensor:
         return TracedTensor(payload, self, weak)

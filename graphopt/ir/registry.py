@@ -26,8 +26,12 @@ CONTROL = "control"
 KERNEL = "kernel"
 INDEX = "index"  # gather / scatter_add: data-dependent addressing along axis 0
 NN = "nn"  # composite network ops with a fused numpy reference: log_softmax, losses
+# Ops whose value depends on the process group they run in (its rank, the other ranks'
+# values): all_reduce, all_gather, ..., shard (ir/collectives.py). Never evaluated at compile
+# time, never inside a kernel.
+COLLECTIVE = "collective"
 CATEGORIES = (ELEMENTWISE, REDUCTION, SHAPE, LINALG, CONSTANT, EFFECT, CONTROL, KERNEL, INDEX,
-              NN)
+              NN, COLLECTIVE)
 
 
 @dataclass(frozen=True)
@@ -89,6 +93,20 @@ STRINGS_ATTR = AttrKind("a list of strings", lambda x: isinstance(x, (tuple, lis
                         all(isinstance(e, str) for e in x))
 VALUE_ATTR = AttrKind("a number or an array",
                       lambda x: isinstance(x, (np.ndarray, bool, int, float)))
+STRING_ATTR = AttrKind("a string", lambda x: isinstance(x, str),
+                       lambda x: "is empty" if not x else None)
+
+
+def one_of(*choices: str) -> AttrKind:
+    """The kind of a string attribute that takes one of a few words (a reduction's name)."""
+    shown = ", ".join(f'"{c}"' for c in choices)
+    return AttrKind(f"one of {shown}", lambda x: isinstance(x, str) and x in choices)
+
+
+def at_least(low: int) -> AttrKind:
+    """The kind of an integer attribute that is `low` or more (a number of ranks)."""
+    return AttrKind(f"an integer >= {low}", _is_int,
+                    lambda x: f"is below {low}" if x < low else _int64_problem([x]))
 
 
 # A view rule (OpDef.view): how an op's result addresses the elements of its first input
@@ -128,6 +146,10 @@ class OpDef:
     # `into(out, *arrays, **attrs)` computes the one result into `out`, an array of exactly
     # the result type (numpy's out=), so a backend can give it a buffer planned in advance.
     into: Callable[..., Any] | None = None
+    # Every rank runs it, in the same order as the other ordered ops; no pass merges, folds,
+    # fuses or reorders it (a collective that communicates: all_reduce, all_gather, ...). The
+    # tracer chains the ordered nodes by after edges, and the verifier checks the chain.
+    ordered: bool = False
 
     @property
     def has_effect(self) -> bool:

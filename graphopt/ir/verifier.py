@@ -19,6 +19,9 @@ Each violation raises a VerifyError naming the rule and the node:
   write-after-read   every node that reads @p is ordered before the node that writes @p, by
                      data or after edges; this is what lets a backend update @p in place.
                      Only live nodes count (what the return reaches): the others never run
+  collective-order   the ordered nodes (OpDef.ordered: the collectives every rank runs in one
+                     order), in graph order, form one chain: each but the first depends, by
+                     data or after edges, on the ordered node before it
   kernel-body        a kernel body has element-typed `arg` inputs and only elementwise ops,
                      scalar constants and stores (one per input); `store` appears only there
   kernel-aliasing    a parameter a kernel stores is bound to exactly one of its operands
@@ -113,6 +116,7 @@ def _verify(graph: Graph, region: bool) -> None:
         _check_body(graph, fail)
     else:
         _check_writes(graph, fail)
+        _check_order(graph, fail)
     _check_uses(graph, fail)
 
 
@@ -231,6 +235,31 @@ def _check_writes(graph: Graph, fail: Fail) -> None:
             target = next(v for v in r.inputs if writers.get(v) is w)
             fail("write-after-read", r, f"this node reads @{target.name} but is not "
                  f"ordered before the node that writes it (add it to that node's after(...))")
+
+
+def _check_order(graph: Graph, fail: Fail) -> None:
+    """Each ordered node depends on the one before it. One walk in graph order: `newest` is,
+    for each value, the position among the ordered nodes of the newest one it depends on;
+    a node depends on ordered node k-1 exactly when the newest among its operands' is k-1
+    (nothing it reads can depend on a later one)."""
+    ordered = [REGISTRY[n.op].ordered for n in graph.nodes]
+    if True not in ordered:  # most graphs: nothing to walk
+        return
+    first = ordered.index(True)  # nothing before it depends on an ordered node
+    newest: dict[Value, int] = {}
+    chain: list[Node] = []
+    for n, is_ordered in zip(graph.nodes[first:], ordered[first:]):
+        last = max(map(newest.get, n.operands(), itertools.repeat(-1)), default=-1)
+        if is_ordered:
+            if chain and last != len(chain) - 1:
+                fail("collective-order", n, f"this ordered node does not depend on the "
+                     f"ordered node before it, {_describe(chain[-1], graph)}, by data or "
+                     f"after edges, and every rank must run them in one order: list that "
+                     f"node's result in this one's after(...)")
+            last = len(chain)
+            chain.append(n)
+        if last >= 0:
+            newest.update(zip(n.outputs, itertools.repeat(last)))
 
 
 def _check_uses(graph: Graph, fail: Fail) -> None:
