@@ -472,6 +472,25 @@ def test_vjps_over_replicas_match_finite_differences_and_the_formulas(backend, o
                                rtol=1e-6, atol=1e-8)
 
 
+def test_the_backward_collectives_are_chained_after_the_forward_ones(replicas):
+    x = rows((6, 2), np.float64)
+
+    def loss(x):
+        y = ops.all_gather(ops.tanh(x), group="replicas")
+        return ops.sum(ops.all_reduce(y * y, "mean", group="replicas"))
+
+    g = go.trace(go.grad(loss), x)
+    g.verify()
+    assert [n.op for n in ordered_nodes(g)] == ["all_gather", "all_reduce", "all_reduce",
+                                                "reduce_scatter"]
+    assert [n.attrs.get("reduce") for n in ordered_nodes(g)] == [None, "mean", "mean", "sum"]
+    replicas.calls.clear()
+    go.jit(go.grad(loss), cache=False)(x)
+    # (a mean is a sum to the communicator, divided by the ranks in the op)
+    assert replicas.calls == ["all_gather", "all_reduce sum", "all_reduce sum",
+                              "reduce_scatter sum"]
+
+
 @pytest.mark.parametrize("op, fn, message", [
     ("all_reduce", lambda x: ops.all_reduce(x, "max"),
      'all_reduce with reduce="max" has no gradient rule'),

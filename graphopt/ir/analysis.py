@@ -16,9 +16,11 @@ def producers(graph: Graph) -> dict[Value, Node]:
 
 def live_nodes(graph: Graph) -> set[int]:
     """ids of the nodes a run of the graph executes: what the return reaches through data
-    edges, and through `after` edges to nodes with effects and to `depend`s (a pure node that
-    is only an ordering target does nothing observable). An effect is live
-    only if the return reaches it (docs/ir.md). dce removes the other nodes; the backends skip them."""
+    edges, and through `after` edges to nodes with effects, to `depend`s and to ordered nodes
+    (a pure node that is only an ordering target does nothing observable; a collective is
+    seen by the other ranks, and one that runs keeps the chain before it). An effect is live
+    only if the return reaches it (docs/ir.md). dce removes the other nodes; the backends
+    skip them."""
     producer = producers(graph)
     live: set[int] = set()
     stack = [producer[v] for v in graph.returned() if v in producer]
@@ -102,9 +104,10 @@ def in_order(graph: Graph) -> bool:
 
 
 def _orders(node: Node) -> bool:
-    """A control node (depend): an after edge to it orders through it."""
+    """A control node (depend) or an ordered one (a collective): an after edge to it orders
+    through it, so it runs."""
     op = REGISTRY.get(node.op)
-    return op is not None and op.category == CONTROL
+    return op is not None and (op.category == CONTROL or op.ordered)
 
 
 def has_effect(node: Node) -> bool:

@@ -2,7 +2,8 @@
 
 Two nodes are identical when they apply the same op with equal attributes to the same input
 values (in either order for commutative ops) and carry the same after edges. Effects (assign,
-kernels that store) are never merged: two writes are two writes.
+kernels that store) are never merged: two writes are two writes. Nor are ordered nodes (the
+collectives, OpDef.ordered): two all_reduces of one value are two exchanges every rank makes.
 
     %3 = multiply %g, %g : f32[4]
     %4 = multiply %g, %g : f32[4]     ->   (removed; readers of %4 read %3)
@@ -36,7 +37,7 @@ def cse(graph: Graph, ctx: PassContext) -> dict:
     seen: dict[tuple, list[Value]] = {}
     kept = []
     for n in graph.nodes:
-        if has_effect(n) or n.body is not None:
+        if has_effect(n) or n.body is not None or n.opdef.ordered:
             kept.append(n)
             continue
         inputs = [id(v) for v in n.inputs]

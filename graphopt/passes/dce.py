@@ -2,9 +2,12 @@
 
 Liveness starts at the return (its outputs and its effect tokens) and walks back through data
 edges. Through an `after` edge it reaches only nodes with effects (assign, a kernel that
-stores) and `depend`s: a pure node that is only an ordering target does nothing observable,
-so it is removed and the edge with it. An assign the return does not reach is dead too: an
-effect is live only if the return reaches it (docs/ir.md).
+stores), `depend`s and ordered nodes (collectives: the other ranks run them too, so one that
+a live collective is chained after stays): a pure node that is only an ordering target does
+nothing observable, so it is removed and the edge with it. A collective the return does not
+reach is removed on every rank alike, since every rank runs the same graph. An assign the
+return does not reach is dead too: an effect is live only if the return reaches it
+(docs/ir.md).
 
     %0 = exp %x : f32[3]                       (removed: nothing reads %0)
     %1 = sum @w {...} : f32[]                  (removed: only the assign's after edge named it)

@@ -10,6 +10,9 @@ readable and compile time stays short.
     %1 = constant {value=1.0} : f32[]
     %2 = subtract %1, %0 : f32[]        ->   %2 = constant {value=0.1} : f32[]
 
+Collectives are never evaluated: their value depends on the other ranks (an all_reduce of a
+constant is the constant times the ranks) or on this one's rank (shard).
+
 A node whose evaluation fails (an integer to a negative power, the max of an empty constant,
 a label out of range) is not folded: it stays, and fails when the step runs, as it would
 unfolded.
@@ -20,7 +23,8 @@ import numpy as np
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.opdefs import constant_value
-from ..ir.registry import CONSTANT, CONTROL, EFFECT, ELEMENTWISE, KERNEL, evaluate
+from ..ir.registry import (COLLECTIVE, CONSTANT, CONTROL, EFFECT, ELEMENTWISE, KERNEL,
+                           evaluate)
 from ..ir.types import TensorType
 from .manager import PassContext, register
 
@@ -42,7 +46,7 @@ def fold(graph: Graph, ctx: PassContext) -> dict:
     for i, n in enumerate(graph.nodes):
         producer.update((v, n) for v in n.outputs)
         op = n.opdef
-        if op.category in (CONSTANT, EFFECT, CONTROL, KERNEL) or n.after or \
+        if op.category in (CONSTANT, EFFECT, CONTROL, KERNEL, COLLECTIVE) or n.after or \
                 not all(v in producer and producer[v].opdef.category == CONSTANT for v in n.inputs):
             continue
         out: TensorType = n.outputs[0].type  # type: ignore[assignment]

@@ -31,8 +31,9 @@ A merge is refused, and the reason recorded for `explain`, when
     would make a cycle. After edges count as paths, so a write-after-read order is kept;
   - the consumer needs a reduction the producer group computes.
 Nodes that carry after edges (a `depend`), and every non-elementwise node, stay outside;
-for a reduction that is not a kernel output (over the last axes, or with keepdims) and for an
-nn op (log_softmax, softmax_cross_entropy, mse_loss), a refusal says why.
+for a reduction that is not a kernel output (over the last axes, or with keepdims), for an
+nn op (log_softmax, softmax_cross_entropy, mse_loss) and for a collective, a refusal says
+why.
 """
 from __future__ import annotations
 
@@ -44,7 +45,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir import kernel as kernel_ir
 from ..ir.kernel import infer_types
 from ..ir.printer import value_names
-from ..ir.registry import CONSTANT, ELEMENTWISE, NN, REDUCTION
+from ..ir.registry import COLLECTIVE, CONSTANT, ELEMENTWISE, NN, REDUCTION
 from ..ir.types import TensorType
 from .grouping import Group, Grouping, install
 from .manager import PassContext, register
@@ -157,7 +158,8 @@ class _Fuser(Grouping):
 
     # -- grouping ------------------------------------------------------------------------------
     def outside(self, n: Node) -> str | None:
-        """Why a reduction or an nn op stays a node of its own (for explain), or None."""
+        """Why a reduction, an nn op or a collective stays a node of its own (for explain),
+        or None."""
         op = n.opdef
         if op.category == REDUCTION:
             if n.after:
@@ -173,6 +175,12 @@ class _Fuser(Grouping):
         if op.category == NN:
             return _NN_REASONS.get(n.op, f"{n.op} is an nn op, not elementwise: it runs as a "
                                          f"numpy node")
+        if op.category == COLLECTIVE:
+            if op.ordered:
+                return (f"{n.op} is a collective: it runs as a node of its own, through its "
+                        f"group's communicator, in the order of the other collectives")
+            return (f"{n.op} is a collective: its value depends on the rank, which its "
+                    f"group's communicator gives when it runs, so it runs as a node of its own")
         return None
 
     def group_nodes(self) -> None:
