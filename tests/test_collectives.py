@@ -513,3 +513,14 @@ def test_what_has_no_gradient_says_why_and_where(op, fn, message):
         assert loc is not None and loc.file == __file__
         with open(__file__) as f:
             assert f"ops.{op}(x" in f.readlines()[loc.line - 1]
+
+
+# -- the step's domain ------------------------------------------------------------------------------
+def test_steps_with_collectives_of_one_group_take_turns(replicas):
+    a = go.jit(lambda x: ops.all_reduce(x, group="replicas"), cache=False).lower(rows())
+    b = go.jit(lambda x: ops.all_gather(x, group="replicas"), cache=False).lower(rows())
+    c = go.jit(lambda x: ops.all_reduce(x), cache=False).lower(rows())
+    d = go.jit(lambda x: ops.shard(x, group="replicas") * 2, cache=False).lower(rows())
+    root = a._domain.root()
+    assert b._domain.root() is root
+    assert c._domain.root() is not root and d._domain.root() is not root

@@ -4,10 +4,11 @@ Two calls that touch the same Parameter must not interleave (one would read what
 half wrote, or lose its update), and neither may two calls of one compiled step (its program
 keeps per-call tables). So every Executable and every Parameter belongs to a *domain*, and a
 step's domain is the union of its own and its parameters' (union-find): calls in one domain
-take turns on one lock, calls in different domains run in parallel. A step compiled later
-that shares a Parameter with two earlier ones merges their domains; the merge waits for calls
-in flight to finish, and a call that finds its domain merged while it waited takes the lock
-of the merged domain instead.
+take turns on one lock, calls in different domains run in parallel. Steps whose collectives
+use one process group are in one domain too: their exchanges must not interleave, since every
+rank has to issue them in one order. A step compiled later that shares a Parameter with two
+earlier ones merges their domains; the merge waits for calls in flight to finish, and a call
+that finds its domain merged while it waited takes the lock of the merged domain instead.
 
 A Ctrl-C that arrives while a step runs on the main thread takes effect when the step has
 finished (or failed and been undone), never between two of its in-place writes.
@@ -56,6 +57,24 @@ def _domain(owner: Any) -> Domain:
         d = _of[id(owner)] = Domain()
         weakref.finalize(owner, _of.pop, id(owner), None)
     return d.root()
+
+
+class _Group:
+    """What stands for a process group among a step's owners (by name: the communicator
+    registered under it may be replaced between steps)."""
+
+    __slots__ = ("name", "__weakref__")
+
+    def __init__(self, name: str):
+        self.name = name
+
+
+_groups: dict[str, _Group] = {}  # kept for good: a group's domain outlives its steps
+
+
+def group_owner(name: str) -> Any:
+    """The owner that puts the steps running collectives on group `name` in one domain."""
+    return _groups.setdefault(name, _Group(name))  # (one step of the GIL: atomic)
 
 
 def domain_of(owners: Iterable[Any]) -> Domain:

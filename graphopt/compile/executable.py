@@ -73,7 +73,10 @@ class Executable:
         updated = {v for n in self.graph.nodes for v in written(n)}
         # What an argument must not alias; usually empty (graphopt owns the buffers).
         self.exposed = aliasing.exposed(p for v, p in self.param_inputs if v in updated)
-        self._domain = exclusion.domain_of([self, *(p for _, p in self.param_inputs)])
+        # Steps that run collectives on one group take turns too (exclusion.py).
+        groups = sorted({n.attrs["group"] for n in self.graph.nodes if n.opdef.ordered})
+        self._domain = exclusion.domain_of([self, *(p for _, p in self.param_inputs),
+                                            *map(exclusion.group_owner, groups)])
         self.last_step_seconds: float | None = None
         self._agreed = parallel is None  # the ranks checked they compiled the same step
 

@@ -7,7 +7,7 @@ import pytest
 
 import graphopt as go
 from graphopt import ops
-from graphopt.errors import ExecutionError
+from graphopt.errors import CollectiveError, ExecutionError
 
 # A step that updates w in place, then computes m, an N x N matmul of the new w (so numpy
 # runs after the store), and returns what TAIL makes of m.
@@ -106,3 +106,39 @@ def test_only_what_is_stored_before_a_node_that_can_fail_is_backed_up():
     assert [p.name for p in program.backed_up] == ["w"]
     fn(np.full(8, 0.5, np.float32))
     np.testing.assert_allclose(v.numpy(), 1.25)
+
+
+class _Unreachable:
+    """A group of 2 whose other rank never answers: every collective raises, as a runtime
+    raises CollectiveError (a timeout, a lost rank)."""
+
+    rank, size = 0, 2
+
+    def all_reduce(self, x, reduce):
+        raise CollectiveError("rank 1 did not arrive (test)")
+
+    reduce_scatter = all_gather = broadcast = all_reduce
+
+
+@pytest.mark.parametrize("backend", ["llvm", "interpreter"])
+def test_a_collective_that_fails_after_the_store_changes_nothing(backend, monkeypatch):
+    """The all_reduce needs the new w, so it runs after the kernel that stores w in place
+    (llvm): the failure puts w back; m, assigned through numpy, is never committed."""
+    from graphopt import comm
+    monkeypatch.setitem(comm._GROUPS, "unreachable", _Unreachable())
+    w = go.Parameter(np.ones(4, np.float32), name="w")
+    m = go.Parameter(np.zeros((), np.float32), name="m")
+
+    def step(g):
+        go.assign(w, w - 0.5 * g)
+        total = ops.all_reduce(ops.sum(w * w), group="unreachable")
+        go.assign(m, total)
+        return total
+
+    fn = go.jit(step, backend=backend, cache=False)
+    if backend == "llvm":
+        assert fn.lower(np.ones(4, np.float32)).program.needs_backup
+    with pytest.raises(CollectiveError, match="rank 1 did not arrive"):
+        fn(np.full(4, 0.5, np.float32))
+    np.testing.assert_array_equal(w.numpy(), np.ones(4, np.float32))
+    assert m.numpy() == 0

@@ -12,6 +12,10 @@ through numpy. A kernel's stores write the parameter buffers directly: no new te
   - if anything that could fail runs after a kernel has stored, the stored parameters are
     backed up first and put back on failure: a step that fails changes nothing.
 Large kernels split their units over the machine's cores; ctypes calls drop the GIL.
+Collectives are numpy nodes like the others: they run one at a time, on the caller's thread,
+in the graph's order of them (the schedule moves a node only behind what it depends on, and
+each collective depends on the one before), and a step that has one is never a graph-sink
+step. What they return is their own (numpy allocates it: no planned buffer).
 """
 from __future__ import annotations
 
@@ -617,7 +621,9 @@ def _copies(nodes: list[Node], native: dict[int, NativeKernel], read_late: set[V
 def _stores_last(nodes: list[Node], native: dict[int, NativeKernel]) -> list[Node]:
     """The nodes in an order that runs everything that needs no in-place store before the
     first one (each part in graph order: a node that reads a parameter's old value comes
-    before the store anyway, and one that reads a store's result after it)."""
+    before the store anyway, and one that reads a store's result after it). Ordered nodes
+    (collectives) keep their order: one that goes to the second part takes every later one
+    with it, since each depends on the one before."""
     later: set[int] = set()
     made_later: set[Value] = set()
     for n in nodes:
