@@ -1,31 +1,34 @@
 """Every GRAPHOPT_* environment switch, in one table, with a function that reads each.
 
-| Variable                   | Default     | Meaning                                            |
-|----------------------------|-------------|----------------------------------------------------|
-| `GRAPHOPT_CACHE`           | `1`         | `0` (or `false`, `no`, `off`) turns the on-disk    |
-|                            |             | compilation cache off                              |
-| `GRAPHOPT_CACHE_DIR`       | (unset)     | the cache directory; when unset:                   |
-|                            |             | `$XDG_CACHE_HOME/graphopt`, else                   |
-|                            |             | `~/.cache/graphopt`                                |
-| `GRAPHOPT_CACHE_MAX_BYTES` | `512M`      | size bound of the cache, in bytes; the suffixes    |
-|                            |             | `K`, `M`, `G`, `T` mean powers of 1024             |
-| `GRAPHOPT_LOG`             | (unset)     | comma-separated log topics printed on stderr:      |
-|                            |             | `cache` (each cache hit and miss, with its parts)  |
-| `GRAPHOPT_BACKEND`         | `llvm`      | the backend `jit` uses when none is given:         |
-|                            |             | `llvm` or `interpreter` (numpy, the reference)     |
-| `GRAPHOPT_THREADS`         | (cores)     | threads a large kernel may split over (default     |
-|                            |             | and most: the machine's cores)                     |
-| `GRAPHOPT_VERIFY`          | `last`      | `each`: jit verifies the traced graph and the      |
-|                            |             | graph after every pass, not only the final one     |
-| `GRAPHOPT_CPU`             | `host`      | the CPU kernels are compiled for: an LLVM CPU name |
-|                            |             | (`x86-64`, `x86-64-v3`, `znver3`, `neoverse-n1`,   |
-|                            |             | ...) or `host`; code this host cannot run is       |
-|                            |             | refused (TargetError) before it is loaded          |
-| `GRAPHOPT_CPU_FEATURES`    | (unset)     | LLVM features added to the CPU's, comma-separated  |
-|                            |             | (`+avx2,-fma`); with `host`: to the host's         |
-| `GRAPHOPT_DEBUG`           | `0`         | `1`: the `graphopt` command shows the traceback of |
-|                            |             | an error, not only its one line (for bug reports)  |
+| Variable                      | Default     | Meaning                                            |
+|-------------------------------|-------------|----------------------------------------------------|
+| `GRAPHOPT_CACHE`              | `1`         | `0` (or `false`, `no`, `off`) turns the on-disk    |
+|                               |             | compilation cache off                              |
+| `GRAPHOPT_CACHE_DIR`          | (unset)     | the cache directory; when unset:                   |
+|                               |             | `$XDG_CACHE_HOME/graphopt`, else                   |
+|                               |             | `~/.cache/graphopt`                                |
+| `GRAPHOPT_CACHE_MAX_BYTES`    | `512M`      | size bound of the cache, in bytes; the suffixes    |
+|                               |             | `K`, `M`, `G`, `T` mean powers of 1024             |
+| `GRAPHOPT_LOG`                | (unset)     | comma-separated log topics printed on stderr:      |
+|                               |             | `cache` (each cache hit and miss, with its parts)  |
+| `GRAPHOPT_BACKEND`            | `llvm`      | the backend `jit` uses when none is given:         |
+|                               |             | `llvm` or `interpreter` (numpy, the reference)     |
+| `GRAPHOPT_THREADS`            | (cores)     | threads a large kernel may split over (default     |
+|                               |             | and most: the machine's cores)                     |
+| `GRAPHOPT_VERIFY`             | `last`      | `each`: jit verifies the traced graph and the      |
+|                               |             | graph after every pass, not only the final one     |
+| `GRAPHOPT_CPU`                | `host`      | the CPU kernels are compiled for: an LLVM CPU name |
+|                               |             | (`x86-64`, `x86-64-v3`, `znver3`, `neoverse-n1`,   |
+|                               |             | ...) or `host`; code this host cannot run is       |
+|                               |             | refused (TargetError) before it is loaded          |
+| `GRAPHOPT_CPU_FEATURES`       | (unset)     | LLVM features added to the CPU's, comma-separated  |
+|                               |             | (`+avx2,-fma`); with `host`: to the host's         |
+| `GRAPHOPT_DEBUG`              | `0`         | `1`: the `graphopt` command shows the traceback of |
+|                               |             | an error, not only its one line (for bug reports)  |
+| `GRAPHOPT_COLLECTIVE_TIMEOUT` | `300`       | seconds a collective waits for the other ranks     |
+|                               |             | before CollectiveTimeout (graphopt.distributed)    |
 
+`GRAPHOPT_COLLECTIVE_TIMEOUT` takes a number of seconds greater than 0 (`300`, `0.5`).
 A flag (`GRAPHOPT_CACHE`, `GRAPHOPT_DEBUG`) takes `1`, `true`, `yes`, `on` or `0`, `false`,
 `no`, `off`. Flags and choices are read without regard to case, every value without regard to
 surrounding spaces, and an empty value is the same as an unset one. A value a switch does not
@@ -139,6 +142,15 @@ def _threads(text: str) -> int:
     return min(int(text), _cores())  # a step's threads wait for each other: no more than cores
 
 
+_SECONDS = re.compile(r"\d+(?:\.\d*)?|\.\d+", re.ASCII)
+
+
+def _seconds(text: str) -> float:
+    if _SECONDS.fullmatch(text) is None or float(text) <= 0:
+        raise _Invalid()
+    return float(text)
+
+
 def _text(text: str) -> str:
     return text
 
@@ -187,6 +199,10 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
              "comma-separated LLVM features, each +name or -name"),
     Variable("GRAPHOPT_DEBUG", "0", "1: the graphopt command shows an error's traceback",
              _flag, _FLAG),
+    # Minutes, not seconds: another rank's first step may still be compiling its kernels.
+    Variable("GRAPHOPT_COLLECTIVE_TIMEOUT", "300", "seconds a collective waits for the other "
+                                                   "ranks before CollectiveTimeout", _seconds,
+             "a number of seconds greater than 0, whole or decimal: 300, 0.5"),
 )}
 
 # Values set in code (set_var, override); they win over os.environ.
@@ -325,6 +341,12 @@ def cpu_features() -> str:
 def debug() -> bool:
     """GRAPHOPT_DEBUG: should the `graphopt` command show the traceback of an error?"""
     return value("GRAPHOPT_DEBUG")
+
+
+def collective_timeout() -> float:
+    """GRAPHOPT_COLLECTIVE_TIMEOUT: how many seconds a collective of graphopt.distributed waits
+    for the other ranks before it raises CollectiveTimeout."""
+    return value("GRAPHOPT_COLLECTIVE_TIMEOUT")
 
 
 def log_topics() -> frozenset[str]:

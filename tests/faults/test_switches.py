@@ -34,6 +34,8 @@ BAD = {
                          "\u0663"],
     "GRAPHOPT_VERIFY": ["every", "1", "last,each"],
     "GRAPHOPT_DEBUG": ["verbose", "2"],
+    "GRAPHOPT_COLLECTIVE_TIMEOUT": ["0", "-5", "0.0", "inf", "nan", "1e3", "5s", "five",
+                                    "\u0665"],  # Arabic-Indic 5: not ASCII digits
 }
 CASES = [(name, value) for name, values in BAD.items() for value in values]
 
@@ -134,6 +136,10 @@ GOOD = [
     ("GRAPHOPT_CPU_FEATURES", "", envvars.cpu_features, ""),
     ("GRAPHOPT_DEBUG", "1", envvars.debug, True),
     ("GRAPHOPT_DEBUG", "", envvars.debug, False),
+    ("GRAPHOPT_COLLECTIVE_TIMEOUT", "", envvars.collective_timeout, 300.0),
+    ("GRAPHOPT_COLLECTIVE_TIMEOUT", " 30 ", envvars.collective_timeout, 30.0),
+    ("GRAPHOPT_COLLECTIVE_TIMEOUT", "0.5", envvars.collective_timeout, 0.5),
+    ("GRAPHOPT_COLLECTIVE_TIMEOUT", ".25", envvars.collective_timeout, 0.25),
 ]
 
 
@@ -198,7 +204,9 @@ def _run_steps(child, settings: list[tuple[str, str]]) -> list[tuple[str, str]]:
     return list(zip(lines[::2], lines[1::2]))
 
 
-@pytest.mark.parametrize("name", [n for n in BAD if n != "GRAPHOPT_CACHE_DIR"])
+# (A step without collectives never reads GRAPHOPT_COLLECTIVE_TIMEOUT: tests/distributed.)
+@pytest.mark.parametrize("name", [n for n in BAD if n not in ("GRAPHOPT_CACHE_DIR",
+                                                              "GRAPHOPT_COLLECTIVE_TIMEOUT")])
 def test_a_step_under_each_bad_value(child, name):
     for value, (said, w) in zip(BAD[name], _run_steps(child, [(name, v) for v in BAD[name]])):
         if name == "GRAPHOPT_DEBUG":  # the graphopt command's switch: a step does not read it
