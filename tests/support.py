@@ -1,7 +1,21 @@
 """Helpers several test files share."""
 from __future__ import annotations
 
+import importlib.util
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+import uuid
+from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable, Sequence
+
+import pytest
 
 import graphopt as go
 from graphopt import ops
@@ -55,3 +69,117 @@ def _cpu_levels() -> tuple[str, ...]:
 
 
 CPU_LEVELS = _cpu_levels()
+
+
+# -- multi-process tests: MPI jobs (tests/distributed) ------------------------------------------
+
+ROOT = Path(__file__).resolve().parents[1]
+_RUN_MARK = "TESTS_MPI_JOB"  # in the environment of every process of one job
+
+
+def mpiexec() -> str | None:
+    """The mpiexec of the MPI under mpi4py: MPICH's wheel puts it beside this Python."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def mpi_missing() -> str | None:
+    """Why MPI jobs cannot run here, or None."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install 'graphopt[dist]')"
+    if mpiexec() is None:
+        return "no mpiexec on PATH (pip install 'graphopt[dist]' brings MPICH's)"
+    return None
+
+
+needs_mpi = pytest.mark.skipif(mpi_missing() is not None, reason=mpi_missing() or "")
+
+
+@dataclass
+class MPIResult:
+    """What an MPI job did: its exit status, output, each rank's result (the JSON the rank
+    wrote, None for a rank that wrote none), its wall time and when it ended."""
+
+    returncode: int
+    stdout: str
+    stderr: str
+    results: list[Any]
+    seconds: float
+    ended_at: float  # time.time() when it ended
+
+    @property
+    def output(self) -> str:
+        """stdout and stderr, for assertion messages."""
+        return f"--- stdout\n{self.stdout}\n--- stderr\n{self.stderr}"
+
+
+def _job_processes(mark: str) -> list[int]:
+    """Every live process whose environment holds `mark`: mpiexec, its proxies and the ranks,
+    which MPICH's launcher puts in sessions of their own (a process group does not hold
+    them)."""
+    needle = mark.encode() + b"\0"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if entry.name.isdigit():
+            try:
+                if needle in (entry / "environ").read_bytes():
+                    found.append(int(entry.name))
+            except OSError:  # gone, or not ours
+                pass
+    return found
+
+
+def _kill_job(proc: subprocess.Popen, mark: str) -> None:
+    for pid in set(_job_processes(mark)) | {proc.pid}:
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def run_mpi(n: int, script: str | Path, *args: str, timeout: float = 120,
+            env: dict[str, str] | None = None, via: str = "mpiexec") -> MPIResult:
+    """Run `script` as an MPI job of n ranks and return what it did. The script is called with
+    a results directory first, then `args`; rank R may write its result to
+    `<dir>/rank<R>.json` (tests/distributed/scripts/rankio.py does).
+
+    via: "mpiexec" (`mpiexec -n N python SCRIPT`), "mpi4py" (`mpiexec -n N python -m mpi4py
+    SCRIPT`) or "python" (`python SCRIPT`, no MPI launcher: n must be 1). The job gets this
+    checkout first on PYTHONPATH, the test run's GRAPHOPT_CACHE_DIR and `env`. A job that
+    has not ended after `timeout` seconds is killed, every process of it, and the test fails
+    with its output so far: a hang fails the test, it never holds up the run."""
+    launcher = mpiexec()
+    assert via in ("mpiexec", "mpi4py", "python"), via
+    assert via != "python" or n == 1, "a job without mpiexec has one rank"
+    out = Path(tempfile.mkdtemp(prefix="graphopt-mpi-"))
+    python = [sys.executable] + (["-m", "mpi4py"] if via == "mpi4py" else [])
+    cmd = ([] if via == "python" else [launcher, "-n", str(n)]) + python + \
+        [str(script), str(out), *map(str, args)]
+    mark = f"{_RUN_MARK}={uuid.uuid4().hex}"
+    job_env = dict(os.environ, **(env or {}))
+    job_env["PYTHONPATH"] = os.pathsep.join(
+        [str(ROOT)] + [p for p in [os.environ.get("PYTHONPATH")] if p])
+    job_env[_RUN_MARK] = mark.split("=", 1)[1]
+    start = time.monotonic()
+    proc = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, env=job_env, cwd=ROOT,
+                            start_new_session=True)
+    try:
+        stdout, stderr = proc.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        _kill_job(proc, mark)
+        try:
+            stdout, stderr = proc.communicate(timeout=10)
+        except subprocess.TimeoutExpired:  # a pipe still held open: say so, with nothing more
+            stdout, stderr = "", "(the job's output could not be read after it was killed)"
+        shutil.rmtree(out, ignore_errors=True)
+        pytest.fail(f"`{' '.join(cmd)}` did not end within {timeout:g} s and was killed; its "
+                    f"output so far:\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
+                    pytrace=False)
+    seconds, ended_at = time.monotonic() - start, time.time()
+    results = []
+    for r in range(n):
+        path = out / f"rank{r}.json"
+        results.append(json.loads(path.read_text()) if path.exists() else None)
+    shutil.rmtree(out, ignore_errors=True)
+    return MPIResult(proc.returncode, stdout, stderr, results, seconds, ended_at)
