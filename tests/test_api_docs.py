@@ -13,7 +13,7 @@ import yaml
 API_DOCS = Path(__file__).parent.parent / "docs" / "api"
 MODULES = ["graphopt", "graphopt.ops", "graphopt.optim", "graphopt.optim.schedules",
            "graphopt.amp", "graphopt.passes", "graphopt.compile", "graphopt.autodiff",
-           "graphopt.ir", "graphopt.errors", "graphopt.backends"]
+           "graphopt.ir", "graphopt.errors", "graphopt.backends", "graphopt.distributed"]
 DIRECTIVE = re.compile(r"^::: ([\w.]+)[ \t]*\n((?:(?:[ \t]{4}.*)?\n)*)", re.M)
 
 

@@ -8,6 +8,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
@@ -53,3 +55,23 @@ def test_train_step_benchmark_quick(tmp_path):
     assert len(losses) == r["steps"] > 2 and all(map(math.isfinite, losses))
     assert losses[-1] < losses[0]
     assert r["breakdown"]["matmul (numpy)"]["nodes"] > 0
+
+
+def test_collective_wait_benchmark_quick(tmp_path):
+    """benchmarks/collective_wait.py, 2 ranks, few repetitions: every way to wait is measured
+    in every case (the benchmark itself: `python benchmarks/collective_wait.py`)."""
+    from support import mpi_missing
+    if mpi_missing():
+        pytest.skip(mpi_missing())
+    env = dict(os.environ, GRAPHOPT_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "collective_wait.py"), "--quick",
+         "--ranks", "2", "--out", str(tmp_path / "out")],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    md = (tmp_path / "out" / "collective_wait.md").read_text()
+    rows = [line for line in md.splitlines() if line.startswith("| 1 KiB") or
+            line.startswith("| 64 MiB")]
+    assert len(rows) == 3 * 6, md
+    assert "graphopt |" in md and "error" not in md
