@@ -13,7 +13,7 @@ from collections import Counter
 from typing import Any
 
 from .. import comm
-from ..errors import CollectiveError
+from ..errors import CollectiveError, CollectiveTimeout
 from ..ir import Graph, Node
 from ..ir.printer import format_attrs
 
@@ -105,7 +105,10 @@ def check_same(graph: Graph, what: str, group: str = "world") -> None:
     group_comm = comm.group(group)
     if group_comm.size == 1:
         return
-    every = group_comm.gather_objects(fingerprint(graph))
+    try:
+        every = group_comm.gather_objects(fingerprint(graph))
+    except CollectiveTimeout as e:  # (say which step the missing rank did not come to)
+        raise CollectiveTimeout(f"{e} (checking that the ranks agree on {what})") from None
     differ = [r for r, fp in enumerate(every) if fp != every[0]]
     if not differ:
         return

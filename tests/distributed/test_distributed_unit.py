@@ -185,3 +185,16 @@ def test_a_thread_exception_gets_the_rank_and_no_abort(hooks, capsys):
     assert err[0] == "[rank 3] Exception in thread worker:"
     assert "[rank 3] ZeroDivisionError: division by zero" in err
     assert hooks == []
+
+
+def test_a_timeout_in_check_same_names_the_step(group):
+    from graphopt.errors import CollectiveTimeout
+
+    class Late(Recorded):
+        def gather_objects(self, obj):
+            raise CollectiveTimeout("rank 0: gather_objects of 300 bytes (their sizes) waited "
+                                    "5.0 s for the other ranks (...)")
+    comm.set_group("test", Late([None, None]))
+    with pytest.raises(CollectiveTimeout, match=r"waited 5\.0 s .* \(checking that the ranks "
+                                                r"agree on the step 'f'\)$"):
+        check_same(step(), "the step 'f'", group="test")
