@@ -733,3 +733,20 @@ def test_an_assigned_view_of_a_parameter_stored_in_place_keeps_its_value():
     go.jit(step, backend="llvm", cache=False)(np.ones((2, 3)))
     np.testing.assert_array_equal(u.numpy(), np.arange(6.0).reshape(2, 3).T)
     np.testing.assert_array_equal(w.numpy(), np.arange(6.0).reshape(2, 3) - 1)
+
+
+def test_a_kernel_that_reads_a_view_waits_for_what_it_views():
+    """The program runs what needs no in-place store first. A kernel that reads, in place,
+    a view of a value made after a store (here a reshape of a matmul of the stored weight)
+    must wait for that value too, though the view's own node is gone from the schedule."""
+    def step(w, x):
+        go.assign(w, w * 2.0)  # fused: a kernel that stores @w in place
+        return ops.exp(ops.reshape(w @ x, (16,)))  # a kernel reading a view of the matmul
+
+    x = np.linspace(-1, 1, 16).reshape(4, 4).astype(np.float32)
+    results = {}
+    for backend in ("interpreter", "llvm"):
+        w = go.Parameter(np.eye(4, dtype=np.float32), name="w")
+        results[backend] = go.jit(lambda x: step(w, x), backend=backend)(x), w.numpy()
+    np.testing.assert_allclose(results["llvm"][0], results["interpreter"][0], rtol=1e-6)
+    np.testing.assert_array_equal(results["llvm"][1], results["interpreter"][1])

@@ -49,7 +49,7 @@ class Executable:
         self.parallel = parallel
         options = {}
         if parallel is not None:  # its passes first (they match what the tracer made)
-            passes = parallel.pipeline(pass_manager.parse_pipeline(passes))
+            passes = parallel.pipeline(pass_manager.manager.parse_pipeline(passes))
             options = parallel.pass_options()
         # The result of the passes is verified (GRAPHOPT_VERIFY=each verifies the traced graph
         # and the graph after every pass too, when debugging the tracer or a pass).

@@ -132,10 +132,11 @@ def bucket(graph: Graph, ctx: PassContext) -> dict:
     return {"buckets": made, "packed": len(dead)}
 
 
-def _gradient_parts(concat: Node, shard: Node) -> tuple[list[Node], list[Value]] | str:
-    """The all_reduces a sharded bucket's concat is made of, and its padding; or why not."""
+def _gradient_parts(values: list[Value], shard: Node) -> tuple[list[Node], list[Value]] | str:
+    """The all_reduces a sharded bucket is made of (the values it joins), and its padding;
+    or why not."""
     olds, tail = [], []
-    for v in concat.inputs:
+    for v in values:
         n = v.node
         if n is not None and n.opdef.category == CONSTANT and not tail and olds and \
                 not np.any(n.attrs["value"]):
@@ -145,6 +146,10 @@ def _gradient_parts(concat: Node, shard: Node) -> tuple[list[Node], list[Value]]
             if len(n.out.users or ()) != 1:
                 return "a gradient's flat view is read elsewhere too"
             n = n.inputs[0].node
+        if n is not None and n.op != "all_reduce" and any(
+                u.node is not None and u.node.op == "all_reduce" for u in n.inputs):
+            return (f"a gradient is changed after its all_reduce ({n.op} at {n.loc}: a clip, a "
+                    f"scale) and before the optimizer reads it: reduced whole, as at zero=1")
         if tail or n is None or n.op != "all_reduce" or n.attrs["reduce"] == "max" or \
                 n.attrs["group"] != shard.attrs["group"] or n.attrs["ranks"] != shard.attrs["ranks"]:
             return "its parts are not all_reduced gradients (a sum or mean over its group)"
@@ -164,10 +169,13 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
     dead: list[Node] = []
     scattered = gathered = 0
     for shard in [n for n in graph.nodes if n.op == "shard"]:
-        concat = shard.inputs[0].node
-        if concat is None or concat.op != "concat" or len(concat.out.users or ()) != 1:
+        src = shard.inputs[0]
+        # The node that joins the bucket's parts (none for a bucket of one tensor, unpadded).
+        concat = src.node if src.node is not None and src.node.op == "concat" else None
+        if concat is not None and len(concat.out.users or ()) != 1:
             continue
-        parts = _gradient_parts(concat, shard)
+        values = list(concat.inputs) if concat is not None else [src]
+        parts = _gradient_parts(values, shard)
         if isinstance(parts, str):
             ctx.refuse(f"shard at {shard.loc}" if shard.loc else "shard", parts, shard.loc)
             continue
@@ -176,7 +184,7 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
         loc = shard.loc
         layout = Bucket(tuple(m.out.type.shape for m in olds))
         flat = _flat(graph, [m.inputs[0] for m in olds], loc, tail)
-        whole_readers = [m for m in olds if _readers(m.out, concat)]
+        whole_readers = [m for m in olds if _readers(m.out, concat or shard)]
         if stage >= 2:
             mine = graph.add_node("reduce_scatter", [flat], attrs, loc=loc).out
             shard.out.replace_all_uses_with(mine)
@@ -196,14 +204,16 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
             shard.inputs[0] = whole
         if whole_readers or stage < 2:
             _read_back(graph, whole, olds, layout)
-        dead += [concat] + [v.node for v in concat.inputs if v.node is not None and
-                            v.node.op == "reshape" and v.node.inputs[0].node in olds] + olds
+        dead += [concat] * (concat is not None) + [
+            v.node for v in values if v.node is not None and v.node.op == "reshape" and
+            v.node.inputs[0].node in olds] + olds
     _finish(graph, dead)
     return {"reduce_scatters": scattered, "all_gathers": gathered}
 
 
 def _readers(v: Value, concat: Node) -> list[Node]:
-    """v's readers other than the concat (directly, or through its one flat reshape)."""
+    """v's readers other than the bucket's concat (or shard, for a bucket of one tensor),
+    directly or through its one flat reshape."""
     return [u for u in (v.users or ()) if isinstance(u, Node) and u is not concat and
             not (u.op == "reshape" and set(u.out.users or ()) <= {concat})] + \
         [u for u in (v.users or ()) if not isinstance(u, Node)]

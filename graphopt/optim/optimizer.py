@@ -43,7 +43,7 @@ from ..errors import CheckpointError, OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.hypermap import MapUnsupported, hypermap
 from ..frontend.tensor import Tensor
-from ..frontend.traces import current_trace
+from ..frontend.traces import current_trace, user_location
 from ..ir.types import DType, TensorType, bf16, bool_, f16, f32, f64, to_dtype
 from .arguments import CheckedArguments
 from .groups import Option, ParamGroup, as_group_dicts, check_parameters, flag
@@ -293,13 +293,17 @@ class Optimizer(metaclass=CheckedArguments):
             by_param = dict(zip((s.param.name for s in self._slots), grads))
             parallel = getattr(current_trace(), "parallel", None)
             sharded = parallel.sharding(self) if parallel is not None else None
+            if sharded is None and self.sharding is not None:
+                raise OptimizerError(f"{type(self).__name__} '{self.name}': its state is "
+                                     f"sharded over {self.sharding.ranks} ranks (ZeRO); step it "
+                                     f"under DataParallel(zero=1 or 2)", loc=user_location())
             for group in self.param_groups:
                 values = self.scalars(group, Hyper(group, t, done))
+                if sharded is not None:  # ZeRO: this rank updates its shard of each bucket
+                    sharded.update(group, values, by_param)
+                    continue
                 casts: dict[DType, Scalars] = {}
                 for batch in self._batches(group):
-                    if sharded is not None:  # ZeRO: this rank updates its shard of each bucket
-                        sharded.update(batch, values, by_param)
-                        continue
                     if self._map(batch, values, by_param):
                         continue
                     for slot in batch:

@@ -623,12 +623,14 @@ def _stores_last(nodes: list[Node], native: dict[int, NativeKernel]) -> list[Nod
     first one (each part in graph order: a node that reads a parameter's old value comes
     before the store anyway, and one that reads a store's result after it). Ordered nodes
     (collectives) keep their order: one that goes to the second part takes every later one
-    with it, since each depends on the one before."""
+    with it, since each depends on the one before. A kernel's reads are its sources: the
+    bases of the views it reads in place (those views' nodes are gone from `nodes`)."""
     later: set[int] = set()
     made_later: set[Value] = set()
     for n in nodes:
-        if id(n) in native and kernel_ir.written(n) or any(v in made_later
-                                                            for v in n.operands()):
+        k = native.get(id(n))
+        reads = [*k.sources, *n.after] if k is not None else n.operands()
+        if k is not None and kernel_ir.written(n) or any(v in made_later for v in reads):
             later.add(id(n))
             made_later.update(n.outputs)
     return [n for n in nodes if id(n) not in later] + [n for n in nodes if id(n) in later]

@@ -4,12 +4,13 @@
 
 Each rank trains each case on its slice of the same batch and writes, per case, its
 parameters, losses, the bytes of optimizer state it holds and the collectives of its step
-to OUT/rank<r>.npz (keys "CASE/name"). `train(...)` with ranks=1 and no parallel is the one
+to OUT/rank<r>.json (by case, then name; floats as JSON writes them, which round-trip). `train(...)` with ranks=1 and no parallel is the one
 process that sees the whole batch.
 """
 from __future__ import annotations
 
 import argparse
+import json
 import sys
 from pathlib import Path
 
@@ -95,12 +96,10 @@ def main(argv: list[str]) -> None:
         parallel = dist.DataParallel(zero=int(zero), bucket_bytes=a.bucket_bytes)
         params, opt, losses, compiled = train(opt_name, a.steps, bool(clip), np.dtype(a.dtype),
                                               parallel, dist.rank(), dist.world_size())
-        out.update({f"{case}/{k}": p.numpy() for k, p in params.items()})
-        out[f"{case}/losses"] = np.array(losses)
-        out[f"{case}/state_bytes"] = state_bytes(opt)
-        out[f"{case}/collectives"] = np.array([n.op for n in compiled.graph.nodes
-                                               if n.opdef.ordered])
-    np.savez(a.out / f"rank{dist.rank()}.npz", **out)
+        out[case] = {"params": {k: p.numpy().tolist() for k, p in params.items()},
+                     "losses": losses, "state_bytes": state_bytes(opt),
+                     "collectives": [n.op for n in compiled.graph.nodes if n.opdef.ordered]}
+    (a.out / f"rank{dist.rank()}.json").write_text(json.dumps(out))
 
 
 if __name__ == "__main__":

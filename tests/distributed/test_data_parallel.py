@@ -1,0 +1,127 @@
+"""DataParallel in one process (the world of size 1): the strategy's checks, its passes, and
+that a data-parallel step of one rank is the step itself. Runs with several ranks are in
+test_data_parallel_mpi.py."""
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+import graphopt as go
+from graphopt import distributed as dist
+from graphopt import ops
+from graphopt.distributed.layout import Bucket, pack
+from graphopt.errors import ArgumentError
+
+SCRIPT = Path(__file__).parent / "scripts" / "ddp_train.py"
+
+
+def load_script():
+    spec = importlib.util.spec_from_file_location("ddp_train", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+ddp = load_script()
+
+
+@pytest.mark.parametrize("bad, message", [
+    (dict(zero=3), "zero must be 0, 1 or 2"),
+    (dict(zero=True), "zero must be 0, 1 or 2"),
+    (dict(bucket_bytes=0), "bucket_bytes must be a positive integer"),
+    (dict(bucket_bytes=1.5), "bucket_bytes must be a positive integer"),
+    (dict(group=3), "group must be a group's name"),
+])
+def test_bad_arguments_are_refused(bad, message):
+    with pytest.raises(ArgumentError, match=message):
+        dist.DataParallel(**bad)
+
+
+def test_jit_refuses_what_is_not_a_strategy():
+    with pytest.raises(ArgumentError, match="parallel must be a strategy"):
+        go.jit(lambda x: x, parallel="ddp")
+
+
+def test_pack_closes_a_bucket_once_it_holds_the_bytes():
+    assert pack([4, 4, 4, 4, 4], 8) == [[0, 1], [2, 3], [4]]
+    assert pack([100, 1, 1], 8) == [[0], [1, 2]]  # a large tensor is a bucket of its own
+    assert pack([1, 1, 1], 8, lambda current, i: i != 2) == [[0, 1], [2]]
+    assert pack([], 8) == []
+
+
+def test_a_bucket_pads_to_equal_shards():
+    b = Bucket(((2, 3), (5,)), ranks=4)
+    assert (b.sizes, b.offsets, b.total, b.shard, b.padded) == ([6, 5], [0, 6], 11, 3, 12)
+    assert b.owners().tolist() == [0] * 6 + [1] * 5 + [2]
+
+
+@pytest.mark.parametrize("opt", sorted(ddp.OPTIMIZERS))
+@pytest.mark.parametrize("zero", [0, 1, 2])
+def test_one_rank_is_the_step_itself(opt, zero):
+    """At world size 1 the collectives are copies and a shard is the whole bucket: the same
+    numbers as the step without DataParallel (LAMB's norms are summed in another order)."""
+    ref, _, ref_losses, _ = ddp.train(opt, 4, clip=False)
+    params, optimizer, losses, compiled = ddp.train(opt, 4, clip=False,
+                                                    parallel=dist.DataParallel(zero=zero))
+    exact = opt != "lamb"
+    for name, p in ref.items():
+        if exact:
+            np.testing.assert_array_equal(params[name].numpy(), p.numpy(), err_msg=name)
+        else:
+            np.testing.assert_allclose(params[name].numpy(), p.numpy(), rtol=1e-12,
+                                       err_msg=name)
+    np.testing.assert_allclose(losses, ref_losses, rtol=1e-12)
+    ops_run = [n.op for n in compiled.graph.nodes if n.opdef.ordered]
+    if zero == 2:
+        assert "reduce_scatter" in ops_run and "all_reduce" not in ops_run, ops_run
+    else:
+        assert "all_reduce" in ops_run and "reduce_scatter" not in ops_run, ops_run
+
+
+def test_buckets_follow_bucket_bytes():
+    """The bucket pass packs the step's six gradient all_reduces as layout.pack says."""
+    sizes = [int(np.prod(s)) * 8 for a, b in ddp.SIZES for s in ((a, b), (b,))]
+    for cap in (1, 300, 10**9):
+        *_, compiled = ddp.train("adam", 1, clip=False,
+                                 parallel=dist.DataParallel(bucket_bytes=cap))
+        reduces = [n for n in compiled.graph.nodes if n.op == "all_reduce"]
+        assert len(reduces) == len(pack(sizes, cap)), cap
+
+
+def test_zero_shards_the_state():
+    """At zero>=1 the optimizer keeps no per-parameter state; its shards hold it all."""
+    _, opt, _, _ = ddp.train("adam", 1, clip=False, parallel=dist.DataParallel(zero=1))
+    assert all(not s for s in opt.state.values())
+    whole = 2 * sum(int(np.prod(s)) * 8 for a, b in ddp.SIZES for s in ((a, b), (b,)))
+    assert ddp.state_bytes(opt) == whole  # one rank: a shard is the whole bucket
+
+
+def test_clipping_under_zero2_reduces_the_gradients_whole():
+    """A global-norm clip scales every gradient after its all_reduce: the optimizer's shard
+    is then a shard of clipped whole gradients, which zero=2 cannot reduce_scatter; they
+    are all_reduced (in buckets), the state stays sharded, and the refusal says why."""
+    *_, compiled = ddp.train("adam", 1, clip=True, parallel=dist.DataParallel(zero=2))
+    ops_run = [n.op for n in compiled.graph.nodes if n.opdef.ordered]
+    assert "reduce_scatter" not in ops_run and ops_run.count("all_reduce") == 1, ops_run
+    reasons = [r.reason for r in compiled.pass_result.refusals if r.pass_name == "zero"]
+    assert any("changed after its all_reduce (multiply" in r for r in reasons), reasons
+
+
+def test_a_sharded_optimizer_refuses_another_layout():
+    params = ddp.init(np.float64)
+    opt = ddp.OPTIMIZERS["adam"](params)
+    x, labels = ddp.data(np.float64)
+    grad_fn = go.value_and_grad(lambda x, y: ops.softmax_cross_entropy(
+        x @ params["fc0.w"] @ params["fc1.w"] @ params["fc2.w"], y), wrt=params)
+
+    def step(x, y):
+        opt.step(grad_fn(x, y)[1])
+
+    go.jit(step, parallel=dist.DataParallel(zero=1))(x, labels)
+    with pytest.raises(go.errors.OptimizerError, match="sharded for 1 ranks with buckets"):
+        go.jit(step, parallel=dist.DataParallel(zero=1, bucket_bytes=64))(x, labels)
+    with pytest.raises(go.errors.OptimizerError, match="its state is sharded over 1 ranks"):
+        go.jit(step)(x, labels)
