@@ -5,8 +5,9 @@
 prints, pass by pass, the statistics and a unified diff of the text IR (or "no change"),
 then every merge `fuse` or `hfuse` refused, with its reason: the outside path that would have
 made a cycle, the spaces that did not match, the reduction needed too early, the cost term;
-last, the statistics table and the target the LLVM backend would compile for. Nothing is
-compiled. (`graphopt opt --explain` prints the graph after the passes too.)
+last, the statistics table, the collectives of the result with the bytes each sends (if it
+has any), and the target the LLVM backend would compile for. Nothing is compiled.
+(`graphopt opt --explain` prints the graph after the passes too.)
 """
 from __future__ import annotations
 
@@ -15,7 +16,10 @@ from typing import Any, Callable, Iterable, TextIO
 
 from .frontend.tracer import trace_function
 from .ir.graph import Graph
+from .ir.printer import Namer, format_node
+from .ir.registry import COLLECTIVE
 from .passes import run
+from .passes.cost import bytes_sent
 from .passes.manager import PipelineResult
 
 
@@ -48,9 +52,37 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
                 where = f" [{r.loc}]" if r.loc is not None else ""
                 print(f"  {r.subject}{where}: {r.reason}", file=out)
     print(f"=== result\n{result}", file=out)
+    print_collectives(result.graph, out)
     from .backends.llvm.target import describe  # (loads llvmlite: only when explaining)
     print(f"=== llvm target: {describe()}", file=out)
     return result
+
+
+def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
+    """Print each collective of the graph (in order, as the text form names it) with its type
+    and the bytes one rank sends in it per step (passes.cost.bytes_sent: a ring algorithm),
+    then their total; nothing for a graph without collectives. Returns the total.
+
+    Args:
+        graph: the graph, usually after the passes (what runs).
+        out: where to print (default sys.stdout).
+    """
+    out = out or sys.stdout
+    nodes = [n for n in graph.nodes if n.opdef.category == COLLECTIVE]
+    if not nodes:
+        return 0
+    print("=== collectives: bytes each rank sends per step (a ring algorithm)", file=out)
+    name = Namer()  # the names the text form gives
+    for v in graph.inputs:
+        name.define(v)
+    for n in graph.nodes:
+        if n.opdef.category == COLLECTIVE:
+            print(f"  {format_node(n, name)}  sends {bytes_sent(n):,} B", file=out)
+        for v in n.outputs:
+            name.define(v)
+    total = sum(map(bytes_sent, nodes))
+    print(f"  total: {total:,} B sent per step", file=out)
+    return total
 
 
 def explain(fn: Callable, *args: Any, passes: str | Iterable[str] | None = None,

@@ -10,6 +10,8 @@ several processes (mpiexec) are tested with the MPI runtime.
 """
 from __future__ import annotations
 
+import io
+
 import numpy as np
 import pytest
 
@@ -20,6 +22,7 @@ from graphopt.errors import (CollectiveError, NotDifferentiableError, OpTypeErro
 from graphopt.frontend.hypermap import MapUnsupported, hypermap
 from graphopt.ir import REGISTRY, Graph, TensorType, f32, i32, parse
 from graphopt.ir.registry import COLLECTIVE
+from graphopt.passes.cost import bytes_sent
 
 BACKENDS = ["interpreter", "llvm"]
 N = 3
@@ -515,7 +518,62 @@ def test_what_has_no_gradient_says_why_and_where(op, fn, message):
             assert f"ops.{op}(x" in f.readlines()[loc.line - 1]
 
 
-# -- the step's domain ------------------------------------------------------------------------------
+# -- bytes sent, explain, the drawing, the step's domain -----------------------------------------
+@pytest.mark.parametrize("ranks", [1, 4])
+def test_bytes_sent_by_a_ring(ranks):
+    g = parse(f"""graph sends {{
+  arg %x: f32[8,250]
+  %0 = all_reduce %x {{group="world", ranks={ranks}, reduce="sum"}} : f32[8,250]
+  %1 = reduce_scatter %x {{group="world", ranks={ranks}, reduce="mean"}} after(%0) : f32[{8 // ranks},250]
+  %2 = all_gather %x {{group="world", ranks={ranks}}} after(%1) : f32[{8 * ranks},250]
+  %3 = broadcast %x {{group="world", ranks={ranks}, root=0}} after(%2) : f32[8,250]
+  %4 = shard %x {{group="world", ranks={ranks}}} : f32[{8 // ranks},250]
+  %5 = exp %x : f32[8,250]
+  return %0, %1, %2, %3, %4, %5
+}}""")
+    g.verify()
+    got = [bytes_sent(n) for n in g.nodes]
+    nbytes = 8 * 250 * 4
+    share = (ranks - 1) / ranks
+    assert got == [2 * share * nbytes, share * nbytes, share * nbytes * ranks, share * nbytes,
+                   0, 0]
+    if ranks == 4:
+        assert got[:4] == [12000, 6000, 24000, 6000]
+
+
+def test_explain_lists_each_collective_with_its_bytes_and_the_total(replicas):
+    out = io.StringIO()
+
+    def step(x):
+        return ops.all_reduce(x * 2, group="replicas"), ops.all_gather(x, group="replicas")
+
+    go.explain(step, np.zeros((4, 250), np.float32), out=out)
+    text = out.getvalue()
+    assert "%2 = all_reduce [loc(" in text and "]: stays outside kernels: all_reduce is a " \
+        "collective: it runs as a node of its own" in text
+    section = text[text.index("=== collectives"):text.index("=== llvm")]
+    assert section.splitlines() == [
+        "=== collectives: bytes each rank sends per step (a ring algorithm)",
+        '  %1 = all_reduce %0 {group="replicas", ranks=3, reduce="sum"} : f32[4,250]  sends '
+        "5,333 B",
+        '  %2 = all_gather %x {group="replicas", ranks=3} after(%1) : f32[12,250]  sends '
+        "8,000 B",
+        "  total: 13,333 B sent per step",
+    ]
+    out = io.StringIO()
+    go.explain(lambda x: x * 2, np.zeros(3, np.float32), out=out)
+    assert "=== collectives" not in out.getvalue()
+
+
+def test_the_drawing_shows_collectives_as_hexagons_and_their_chain_dashed(replicas):
+    g = go.trace(lambda x: ops.all_gather(ops.all_reduce(x) + 1) * 2, rows())
+    source = g.to_dot().source
+    hexagons = [line for line in source.splitlines() if "shape=hexagon" in line]
+    assert len(hexagons) == 2 and all("#c6dbef" in line for line in hexagons)
+    assert any("all_reduce" in line for line in hexagons)
+    assert sum("style=dashed" in line for line in source.splitlines()) == 1  # the chain
+
+
 def test_steps_with_collectives_of_one_group_take_turns(replicas):
     a = go.jit(lambda x: ops.all_reduce(x, group="replicas"), cache=False).lower(rows())
     b = go.jit(lambda x: ops.all_gather(x, group="replicas"), cache=False).lower(rows())

@@ -11,6 +11,10 @@ issue them in one order, or the ranks wait for each other forever. The tracer ch
 after edges, each after the one before; the verifier checks the chain (rule
 collective-order); no pass merges, folds, fuses or reorders them. `shard` sends nothing, but
 its value is the rank's own part, so it is a collective too: fold never evaluates it.
+
+The bytes each one sends (OpDef.sends) are those of a ring algorithm, per rank and run:
+an all_reduce sends 2(N-1)/N of its operand, a reduce_scatter (N-1)/N of its input, an
+all_gather (N-1)/N of its output, a broadcast (N-1)/N of its operand (pipelined in pieces).
 """
 from __future__ import annotations
 
@@ -117,24 +121,35 @@ def _shard(x: np.ndarray, group: str, ranks: int) -> np.ndarray:
     return np.array(x[rank * part:(rank + 1) * part], copy=True)
 
 
+# -- bytes sent, by a ring algorithm --------------------------------------------------------------
+def _ring(share: int, of: str) -> Callable[[Sequence[Type], Sequence[Type], dict[str, Any]],
+                                           int]:
+    """`share` (N-1)/N of the input's or the output's bytes (rounded down)."""
+    def sends(inputs: Sequence[Type], outputs: Sequence[Type], attrs: dict[str, Any]) -> int:
+        n = attrs["ranks"]
+        t = (inputs if of == "input" else outputs)[0]
+        return share * (n - 1) * t.nbytes // n
+    return sends
+
+
 _REDUCE_KIND = one_of(*REDUCES)
 
 register(OpDef("all_reduce", COLLECTIVE, _same_infer("all_reduce"),
                _reduced(lambda c, x, r: c.all_reduce(x, r)), attrs=_GROUP + ("reduce",),
-               attr_kinds=_GROUP_KINDS + (_REDUCE_KIND,), ordered=True,
+               attr_kinds=_GROUP_KINDS + (_REDUCE_KIND,), ordered=True, sends=_ring(2, "input"),
                doc="the elementwise sum, max or mean of x over the ranks of the group, on "
                    "every rank (mean: the sum divided by ranks, float dtypes only)"))
 register(OpDef("reduce_scatter", COLLECTIVE, _reduce_scatter_infer,
                _reduced(lambda c, x, r: c.reduce_scatter(x, r)), attrs=_GROUP + ("reduce",),
-               attr_kinds=_GROUP_KINDS + (_REDUCE_KIND,), ordered=True,
+               attr_kinds=_GROUP_KINDS + (_REDUCE_KIND,), ordered=True, sends=_ring(1, "input"),
                doc="the sum, max or mean of x over the ranks, split along axis 0 into ranks "
                    "equal parts: this rank's part"))
 register(OpDef("all_gather", COLLECTIVE, _all_gather_infer, _all_gather, attrs=_GROUP,
-               attr_kinds=_GROUP_KINDS, ordered=True,
+               attr_kinds=_GROUP_KINDS, ordered=True, sends=_ring(1, "output"),
                doc="every rank's x, concatenated along axis 0 in rank order, on every rank"))
 register(OpDef("broadcast", COLLECTIVE, _same_infer("broadcast"), _broadcast,
                attrs=_GROUP + ("root",), attr_kinds=_GROUP_KINDS + (INT_ATTR,), ordered=True,
-               doc="rank root's x, on every rank"))
+               sends=_ring(1, "input"), doc="rank root's x, on every rank"))
 register(OpDef("shard", COLLECTIVE, _shard_infer, _shard, attrs=_GROUP,
                attr_kinds=_GROUP_KINDS,
                doc="this rank's part of x: axis 0 split into ranks equal parts, part number "

@@ -11,6 +11,9 @@ Drawing conventions (DOT):
     carry an order and no data;
   - an `assign` is a bold red box with a dashed red "writes" edge back to its parameter (a
     kernel that stores gets the same edges to the parameters it updates in place);
+  - a collective (all_reduce, all_gather, ..., shard) is a bold dark-blue hexagon filled in
+    light blue (COLLECTIVE_STYLE), whatever its op, so the exchanges between ranks stand out;
+    the after edges that chain them in order are dashed like any;
   - a node with a `body` region (a kernel) is a cluster holding the body's nodes.
 """
 from __future__ import annotations
@@ -23,6 +26,7 @@ from typing import TYPE_CHECKING
 from ..errors import GraphoptError, RenderError
 from .kernel import written
 from .printer import Namer, format_attrs
+from .registry import COLLECTIVE, REGISTRY
 
 if TYPE_CHECKING:
     import graphviz
@@ -38,6 +42,9 @@ MAX_LABEL = 40      # longer labels are cut, so one big constant cannot stretch 
 MAX_EDGE_LABEL = 16  # edge labels (types) longer than this are left off
 NL = "\\n"  # DOT's own line break, so each graphviz node stays on one line of the source
 RENDER_FORMATS = ("svg", "png", "pdf")
+# Collectives: a shape no other node has, and a blue the palette does not use.
+COLLECTIVE_STYLE = dict(shape="hexagon", style="filled,bold", fillcolor="#c6dbef",
+                        color="#08519c", penwidth="2")
 TEXT_FORMATS = ("gir", "txt", "dot", "gv")
 
 
@@ -55,7 +62,7 @@ def to_dot(graph: Graph) -> graphviz.Digraph:
     """A graphviz drawing of the graph. Parameters are yellow cylinders, arguments
     ellipses, nodes boxes coloured by op; data edges are solid, ordering edges dashed; an
     assign (or a kernel that stores) is a bold red box with a dashed red edge to its
-    parameter; a kernel is a cluster of its body's nodes."""
+    parameter; a collective is a blue hexagon; a kernel is a cluster of its body's nodes."""
     import graphviz  # imported when drawing: `import graphopt` stays quick
     dot = graphviz.Digraph(name=graph.name)
     dot.attr(label=f"graph {graph.name}", labelloc="t", fontname="Helvetica")
@@ -124,6 +131,9 @@ class _Region:
             label += (NL + _cut(extra) if extra else "") + NL + _cut(types)
             style = dict(shape="box", style="filled,rounded", fillcolor=op_color(node.op),
                          tooltip=tooltip)
+            op = REGISTRY.get(node.op)  # (a broken graph may name an unknown op: draw it)
+            if op is not None and op.category == COLLECTIVE:
+                style.update(COLLECTIVE_STYLE)
             if node.body is not None:
                 # The node's own box sits at the top of a cluster that holds its body.
                 with self.dot.subgraph(name=f"cluster_{nid}") as sub:

@@ -150,6 +150,9 @@ class OpDef:
     # fuses or reorders it (a collective that communicates: all_reduce, all_gather, ...). The
     # tracer chains the ordered nodes by after edges, and the verifier checks the chain.
     ordered: bool = False
+    # `sends(input_types, output_types, attrs) -> int`: the bytes one rank sends to the others
+    # in one run of the op (a collective's, by a ring algorithm); None: it sends nothing.
+    sends: Callable[..., int] | None = None
 
     @property
     def has_effect(self) -> bool:

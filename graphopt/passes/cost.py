@@ -3,6 +3,9 @@
 An unfused node reads each of its inputs and writes its output through memory; a kernel reads
 each operand once and writes only what leaves it (see ir/kernel.py: `cost`). An assign is a
 copy of its value into the parameter; a kernel's store is not (it writes in place).
+
+A collective also sends bytes to the other ranks: `bytes_sent`, by a ring algorithm (the
+formulas are the ops' own, OpDef.sends, in ir/collectives.py).
 """
 from __future__ import annotations
 
@@ -28,6 +31,16 @@ def node_bytes(node: Node) -> tuple[int, int]:
     if op.has_effect:  # an assign: its value is written into the parameter
         return _nbytes(node.inputs[1]), _nbytes(node.inputs[0])
     return sum(_nbytes(v) for v in node.inputs), sum(_nbytes(v) for v in node.outputs)
+
+
+def bytes_sent(node: Node) -> int:
+    """The bytes one rank sends to the others in one run of the node: a collective's, by a
+    ring algorithm over its `ranks` (an all_reduce of x sends 2(N-1)/N of x's bytes); 0 for a
+    node that communicates nothing (shard, and every other op)."""
+    sends = node.opdef.sends
+    if sends is None:
+        return 0
+    return sends([v.type for v in node.inputs], [v.type for v in node.outputs], node.attrs)
 
 
 def graph_bytes(graph: Graph, memo: dict[int, tuple[int, int]] | None = None) -> tuple[int, int]:
