@@ -111,7 +111,8 @@ def worker(quick: bool) -> None:
 def report(runs: list[dict], machine: dict, quick: bool) -> str:
     lines = ["# Waiting for a collective", "",
              f"`python benchmarks/collective_wait.py{' --quick' if quick else ''}` on "
-             f"{common.machine_summary(machine)}; MPICH's mpiexec, "
+             f"{common.machine_summary(machine)}; mpi4py {machine.get('mpi4py', '?')}, "
+             f"MPICH {machine.get('mpich', '?')}'s mpiexec, "
              f"{' and '.join(str(run['ranks']) for run in runs)} ranks on "
              f"{machine.get('cpus')} cores (more ranks than cores oversubscribe them). A "
              f"shared machine: rough figures.", "",
@@ -143,6 +144,12 @@ def main() -> None:
     if args.worker:
         return worker(args.quick)
     machine = common.machine_info()
+    from importlib.metadata import PackageNotFoundError, version
+    for package in ("mpi4py", "mpich"):
+        try:
+            machine[package] = version(package)
+        except PackageNotFoundError:
+            pass
     mpiexec = Path(sys.executable).parent / "mpiexec"
     runs = []
     for n in map(int, args.ranks.split(",")):
