@@ -11,20 +11,22 @@ has any), and the target the LLVM backend would compile for. Nothing is compiled
 """
 from __future__ import annotations
 
+import os
 import sys
 from typing import Any, Callable, Iterable, TextIO
 
 from .frontend.tracer import trace_function
 from .ir.graph import Graph
 from .ir.printer import Namer, format_node
-from .ir.registry import COLLECTIVE
+from .ir.registry import COLLECTIVE, CONSTANT
 from .passes import run
 from .passes.cost import bytes_sent
-from .passes.manager import PipelineResult
+from .passes.manager import PipelineResult, parse_pipeline
 
 
 def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
-                  fastmath: bool = False, out: TextIO | None = None) -> PipelineResult:
+                  fastmath: bool = False, options: dict[str, Any] | None = None,
+                  out: TextIO | None = None) -> PipelineResult:
     """Run the pipeline on a graph and print what each pass did, what fuse and hfuse refused
     and why, then the statistics table and the LLVM backend's target. Nothing is compiled.
 
@@ -32,13 +34,14 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
         graph: the graph (not changed: the passes rewrite a copy).
         passes: the pipeline, as `passes.run` takes it; None is the default pipeline.
         fastmath: allow rewrites that are only algebraically exact.
+        options: settings of particular passes (PassContext.options).
         out: where to print (default sys.stdout).
 
     Returns:
         The PipelineResult, with a diff of the text IR in each pass's stats.
     """
     out = out or sys.stdout
-    result = run(graph, passes, fastmath=fastmath, diffs=True)
+    result = run(graph, passes, fastmath=fastmath, options=options, diffs=True)
     for s in result.stats:
         notes = ", ".join(f"{k}={v}" for k, v in s.counters.items() if v)
         print(f"=== {s.name}: {s.nodes_before} -> {s.nodes_after} nodes, "
@@ -56,6 +59,20 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
     from .backends.llvm.target import describe  # (loads llvmlite: only when explaining)
     print(f"=== llvm target: {describe()}", file=out)
     return result
+
+
+def _bucket_part(v: Any) -> str:
+    """A part of a flat bucket: the tensor it flattens, with its source line (a constant:
+    the padding, or the gradient of a parameter the loss does not read)."""
+    n = v.node
+    if n is not None and n.op == "reshape":
+        v, n = n.inputs[0], n.inputs[0].node
+    if n is not None and n.opdef.category == CONSTANT:
+        return f"{v.type} constant"
+    loc = n.loc if n is not None else None
+    where = f" ({os.path.basename(loc.file)}:{loc.line})" if loc is not None else ""
+    return f"{v.type}{where}" if not v.is_input else \
+        f"{v.type} {'@' if v.is_param else '%'}{v.name}"
 
 
 def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
@@ -78,6 +95,10 @@ def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
     for n in graph.nodes:
         if n.opdef.category == COLLECTIVE:
             print(f"  {format_node(n, name)}  sends {bytes_sent(n):,} B", file=out)
+            bucket = n.inputs[0].node if n.inputs else None
+            if bucket is not None and bucket.op == "concat":  # a flat bucket: what it holds
+                parts = [_bucket_part(v) for v in bucket.inputs]
+                print(f"    bucket of {len(parts)}: {', '.join(parts)}", file=out)
         for v in n.outputs:
             name.define(v)
     total = sum(map(bytes_sent, nodes))
@@ -88,8 +109,9 @@ def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
 def explain(fn: Callable, *args: Any, passes: str | Iterable[str] | None = None,
             fastmath: bool = False, out: TextIO | None = None, **kwargs: Any) -> PipelineResult:
     """Trace `fn` on these arguments and print what the pass pipeline does to its graph
-    (see `explain_graph`); a jitted function is traced as its Python function. Nothing is
-    compiled, and no step runs.
+    (see `explain_graph`); a jitted function is traced as jit traces it: its Python
+    function, for its data-parallel strategy if it has one. Nothing is compiled, and no
+    step runs.
 
     Args:
         fn: a step function or a JittedFunction.
@@ -102,5 +124,11 @@ def explain(fn: Callable, *args: Any, passes: str | Iterable[str] | None = None,
     Returns:
         The PipelineResult of the passes.
     """
-    graph = trace_function(getattr(fn, "fn", fn), args, kwargs).graph.verify()
-    return explain_graph(graph, passes, fastmath=fastmath, out=out)
+    # A jitted step is traced as jit traces it: for its data-parallel strategy, if any, whose
+    # passes come first (with their settings).
+    parallel = getattr(fn, "parallel", None)
+    graph = trace_function(getattr(fn, "fn", fn), args, kwargs, parallel=parallel).graph.verify()
+    options = None
+    if parallel is not None:
+        passes, options = parallel.pipeline(parse_pipeline(passes)), parallel.pass_options()
+    return explain_graph(graph, passes, fastmath=fastmath, options=options, out=out)

@@ -138,8 +138,11 @@ class Executable:
         alive for the backward pass, and the values the backend copies, with why (see
         graphopt/ir/liveness.py); print it to read it."""
         from ..ir.liveness import memory_report
-        return memory_report(self.graph, getattr(self.program, "copy_reasons", ()),
-                             getattr(self.program, "plan", None))
+        report = memory_report(self.graph, getattr(self.program, "copy_reasons", ()),
+                               getattr(self.program, "plan", None))
+        if self.parallel is not None:
+            report.sections.append(self.parallel.memory_report(self.graph, self._params.values()))
+        return report
 
     # -- what the backend made --------------------------------------------------------------
     @property

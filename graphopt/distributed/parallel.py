@@ -16,7 +16,8 @@ the single-process one; the strategy adds the communication where it belongs:
 """
 from __future__ import annotations
 
-from dataclasses import dataclass
+import weakref
+from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import comm, ops
@@ -49,6 +50,9 @@ class DataParallel:
     zero: int = 0
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     group: str = "world"
+    # The optimizers stepped in steps traced for it (for the memory report).
+    _optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet, compare=False,
+                                         repr=False)
 
     def __post_init__(self) -> None:
         if self.zero not in (0, 1, 2) or isinstance(self.zero, bool):
@@ -77,6 +81,7 @@ class DataParallel:
 
     def sharding(self, opt: Optimizer) -> Sharding | None:
         """The optimizer's shards on this rank (made on first use), None at zero=0."""
+        self._optimizers.add(opt)
         if self.zero == 0:
             return None
         s = opt.sharding
@@ -96,6 +101,27 @@ class DataParallel:
     def pass_options(self) -> dict[str, Any]:
         """The settings of those passes."""
         return {"zero": self.zero, "bucket_bytes": self.bucket_bytes}
+
+    def memory_report(self, graph: Any, params: Sequence[Any]) -> str:
+        """What this rank holds for a compiled step, measured from its buffers: the
+        parameters its optimizers update, the reduced gradients (the results of the
+        gradient collectives, as the step holds them), and the optimizer state, next to
+        what one process holds."""
+        mine = {id(p) for p in params}
+        opts = [o for o in self._optimizers if any(id(p) in mine for p in o.params)]
+        weights = sum(p.numpy().nbytes for o in opts for p in o.params)
+        state = sum(p.numpy().nbytes for o in opts for p in o.parameters() if p.numpy().ndim)
+        whole = sum(o.sharding.whole_bytes() if o.sharding is not None else
+                    sum(p.numpy().nbytes for p in o.parameters() if p.numpy().ndim)
+                    for o in opts)
+        grads = sum(n.outputs[0].type.nbytes for n in graph.nodes
+                    if n.op in ("all_reduce", "reduce_scatter"))
+        c = comm.group(self.group)
+        share = f" (1/{c.size} of {whole:,} B, + padding)" if self.zero and c.size > 1 else ""
+        return (f"data parallel, rank {c.rank} of {c.size}, zero={self.zero}: this rank holds\n"
+                f"  parameters       {weights:>12,} B\n"
+                f"  gradients        {grads:>12,} B (reduced)\n"
+                f"  optimizer state  {state:>12,} B{share}")
 
     def prepare(self, graph: Any, what: str) -> None:
         """Before the first run of a compiled step: every rank compiled the same one (a

@@ -127,9 +127,10 @@ class Sharding:
         """Every shard-state Parameter, bucket by bucket."""
         return [p for bs in self.buckets.values() for b in bs for p in b.state.values()]
 
-    def state_bytes(self) -> int:
-        """The bytes of state this rank holds."""
-        return sum(p.numpy().nbytes for p in self.parameters())
+    def whole_bytes(self) -> int:
+        """The bytes of state one process would hold (every bucket whole, no padding)."""
+        return sum(b.layout.total * p.numpy().itemsize for bs in self.buckets.values()
+                   for b in bs for p in b.state.values())
 
     def update(self, group: ParamGroup, values: Mapping[str, Any],
                by_param: Mapping[str, Any]) -> None:

@@ -73,6 +73,8 @@ class MemoryReport:
     # it and their bytes one buffer each, and the values numpy allocates itself (names).
     planned: tuple[int, int, int] | None = None
     unplanned: list[str] = field(default_factory=list)
+    # Sections the caller adds at the end (the bytes each rank holds, under DataParallel).
+    sections: list[str] = field(default_factory=list)
 
     @property
     def peak_bytes(self) -> int:
@@ -84,6 +86,9 @@ class MemoryReport:
         return sum(r.nbytes for r in self.kept)
 
     def __str__(self) -> str:
+        return "\n".join([self._body(), *self.sections])
+
+    def _body(self) -> str:
         lines = [f"memory report for graph {self.graph} ({self.nodes} nodes, run in order)",
                  f"  inputs (params and args), alive the whole step: {_size(self.input_bytes)}",
                  f"  peak: {_size(self.peak_bytes)} = inputs + "

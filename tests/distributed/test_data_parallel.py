@@ -3,6 +3,9 @@ that a data-parallel step of one rank is the step itself. Runs with several rank
 test_data_parallel_mpi.py."""
 from __future__ import annotations
 
+import io
+import re
+
 import importlib.util
 from pathlib import Path
 
@@ -125,3 +128,30 @@ def test_a_sharded_optimizer_refuses_another_layout():
         go.jit(step, parallel=dist.DataParallel(zero=1, bucket_bytes=64))(x, labels)
     with pytest.raises(go.errors.OptimizerError, match="its state is sharded over 1 ranks"):
         go.jit(step)(x, labels)
+
+
+def test_explain_shows_the_passes_and_the_buckets():
+    """explain traces a jitted step for its strategy and runs its passes first; the
+    collectives are listed with the tensors each bucket holds."""
+    params = ddp.init(np.float64)
+    opt = ddp.OPTIMIZERS["adam"](params)
+    x, labels = ddp.data(np.float64)
+    grad_fn = go.value_and_grad(lambda x, y: ops.softmax_cross_entropy(
+        x @ params["fc0.w"] @ params["fc1.w"] @ params["fc2.w"] + params["fc2.b"], y),
+        wrt=params)
+
+    def step(x, y):
+        loss, grads = grad_fn(x, y)
+        opt.step(grads)
+        return loss
+
+    out = io.StringIO()
+    result = go.explain(go.jit(step, parallel=dist.DataParallel(zero=2, bucket_bytes=10**6)),
+                        x, labels, out=out)
+    text = out.getvalue()
+    assert [s.name for s in result.stats[:2]] == ["zero", "bucket"]
+    assert "reduce_scatter" in text and "all_reduce" not in text.split("=== collectives")[1]
+    # one bucket: the six gradients in the optimizer's order (fc0.b's, which the loss does
+    # not read, is a constant)
+    assert re.search(r"bucket of 6: f64\[5,16\] \(test_data_parallel.py:\d+\), "
+                     r"f64\[16\] constant, f64\[16,16\]", text), text

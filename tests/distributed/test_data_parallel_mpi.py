@@ -4,6 +4,8 @@ the rounding of the reduction order (f64, so the tolerance is tight), and under 
 rank holds 1/N of the optimizer state (plus padding)."""
 from __future__ import annotations
 
+import re
+
 import numpy as np
 import pytest
 
@@ -60,6 +62,10 @@ def test_zero_holds_a_shard_of_the_state(job):
     for case in CASES[n]:
         _, _, whole = reference(case)
         held = [r[case]["state_bytes"] for r in result.results]
+        for rank, r in enumerate(result.results):  # what the memory report says it holds
+            report = r[case]["memory_report"]
+            assert f"rank {rank} of {n}, zero={case.split(':')[1]}" in report, report
+            assert re.search(rf"optimizer state +{held[rank]:,} B", report), report
         if case.split(":")[1] == "0":
             assert held == [whole] * n, (case, held)
         else:  # 1/N, plus under one element of padding per bucket and state tensor

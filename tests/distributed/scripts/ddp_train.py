@@ -98,6 +98,7 @@ def main(argv: list[str]) -> None:
                                               parallel, dist.rank(), dist.world_size())
         out[case] = {"params": {k: p.numpy().tolist() for k, p in params.items()},
                      "losses": losses, "state_bytes": state_bytes(opt),
+                     "memory_report": str(compiled.memory_report()),
                      "collectives": [n.op for n in compiled.graph.nodes if n.opdef.ordered]}
     (a.out / f"rank{dist.rank()}.json").write_text(json.dumps(out))
 
