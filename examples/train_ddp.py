@@ -19,8 +19,8 @@ import numpy as np
 import graphopt as go
 from graphopt import comm, distributed as dist, ops
 from graphopt.optim import AdamW
-from graphopt.passes.cost import bytes_sent
-from train_mlp import BASE_LR, CLASSES, POINTS, init, logits, spirals
+from graphopt.explain import print_collectives
+from train_mlp import BASE_LR, POINTS, init, logits, spirals
 
 STEPS = 60
 
@@ -58,16 +58,13 @@ def main() -> None:
         if rank == 0 and (i % 10 == 0 or i == a.steps - 1):
             print(f"step {i:3d}  loss {float(loss):.4f}")
 
-    collectives = [n for n in compiled.graph.nodes if n.opdef.ordered]
     state = sum(p.numpy().nbytes for p in opt.parameters() if p.numpy().ndim)
     states = world.gather_objects(state)
     if rank == 0:
-        print(f"\n{ranks} rank(s), zero={a.zero}, {CLASSES} classes: the step's collectives")
-        for n in collectives:
-            print(f"  {n.op:<15} {str(n.inputs[0].type):<12} sends {bytes_sent(n):>7} bytes")
-        print(f"bytes sent per step by each rank: {sum(map(bytes_sent, collectives))}")
+        print(f"\n{ranks} rank(s), zero={a.zero}: the collectives of the compiled step "
+              f"(graph {compiled.graph.name}, {len(compiled.graph.nodes)} nodes)")
+        print_collectives(compiled.graph)
         print(f"optimizer state bytes per rank: {states} (one process: {whole_state})")
-
 
 if __name__ == "__main__":
     main()

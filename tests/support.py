@@ -138,10 +138,11 @@ def _kill_job(proc: subprocess.Popen, mark: str) -> None:
 
 
 def run_mpi(n: int, script: str | Path, *args: str, timeout: float = 120,
-            env: dict[str, str] | None = None, via: str = "mpiexec") -> MPIResult:
+            env: dict[str, str] | None = None, via: str = "mpiexec",
+            results: bool = True) -> MPIResult:
     """Run `script` as an MPI job of n ranks and return what it did. The script is called with
-    a results directory first, then `args`; rank R may write its result to
-    `<dir>/rank<R>.json` (tests/distributed/scripts/rankio.py does).
+    a results directory first (unless `results` is False: an example), then `args`; rank R
+    may write its result to `<dir>/rank<R>.json` (tests/distributed/scripts/rankio.py does).
 
     via: "mpiexec" (`mpiexec -n N python SCRIPT`), "mpi4py" (`mpiexec -n N python -m mpi4py
     SCRIPT`) or "python" (`python SCRIPT`, no MPI launcher: n must be 1). The job gets this
@@ -154,7 +155,7 @@ def run_mpi(n: int, script: str | Path, *args: str, timeout: float = 120,
     out = Path(tempfile.mkdtemp(prefix="graphopt-mpi-"))
     python = [sys.executable] + (["-m", "mpi4py"] if via == "mpi4py" else [])
     cmd = ([] if via == "python" else [launcher, "-n", str(n)]) + python + \
-        [str(script), str(out), *map(str, args)]
+        [str(script), *([str(out)] if results else []), *map(str, args)]
     mark = f"{_RUN_MARK}={uuid.uuid4().hex}"
     job_env = dict(os.environ, **(env or {}))
     job_env["PYTHONPATH"] = os.pathsep.join(

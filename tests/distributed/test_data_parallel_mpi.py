@@ -84,3 +84,21 @@ def test_the_collectives_are_those_of_the_stage(job):
             assert "reduce_scatter" in ops_run and "all_reduce" not in ops_run, (case, ops_run)
         else:  # zero=1, or a clip that reads the whole gradients
             assert {"all_reduce", "all_gather"} <= ops_run, (case, ops_run)
+
+
+def test_the_example_trains_alike_on_one_and_four_ranks():
+    """examples/train_ddp.py: the same losses on 4 ranks (zero=2) as alone, a quarter of the
+    state on each rank."""
+    example = SCRIPT.parents[3] / "examples" / "train_ddp.py"
+    alone = run_mpi(1, example, "--steps", "20", via="python", results=False, timeout=300)
+    four = run_mpi(4, example, "--zero", "2", "--steps", "20", via="mpi4py", results=False,
+                   timeout=300)
+    assert alone.returncode == 0 and four.returncode == 0, alone.output + four.output
+    losses = [[float(x) for x in re.findall(r"^step +\d+ +loss ([\d.]+)$", job.stdout, re.M)]
+              for job in (alone, four)]
+    assert len(losses[0]) == 3 and np.allclose(losses[0], losses[1], atol=2e-4), losses
+    states = re.search(r"state bytes per rank: \[([\d, ]+)\] \(one process: (\d+)\)",
+                       four.stdout)
+    held, whole = [int(x) for x in states.group(1).split(",")], int(states.group(2))
+    assert len(held) == 4 and all(whole / 4 <= h < whole / 4 + 64 for h in held), states
+    assert "reduce_scatter" in four.stdout and "bucket of" in four.stdout, four.stdout
