@@ -21,4 +21,5 @@ __all__ += ["value_and_grad", "grad", "stop_gradient"]
 __all__ += ["passes", "explain"]
 from . import amp, optim  # noqa: E402  (the optimizer library, on top of ops)
 from .checkpoint import load, save  # noqa: E402
-__all__ += ["optim", "amp", "save", "load"]
+from . import distributed  # noqa: E402  (data parallelism; mpi4py is imported by its init)
+__all__ += ["optim", "amp", "save", "load", "distributed"]

@@ -264,18 +264,32 @@ def _plugins(files: list[str] | None) -> Iterator[None]:
         PASSES.update(before)
 
 
+def _pass_options(items: list[str]) -> dict[str, int]:
+    """`--option bucket_bytes=64`: settings of particular passes (integers)."""
+    options = {}
+    for item in items:
+        key, _, value = item.partition("=")
+        try:
+            options[key.strip()] = int(value)
+        except ValueError:
+            raise CLIError(f"--option {item!r}: expected NAME=INTEGER "
+                                f"(bucket_bytes=64, zero=1)") from None
+    return options
+
+
 def _opt(args: argparse.Namespace) -> int:
     from .explain import explain_graph
     from .passes import run
     _check_output(args.emit, args.output)
     print_after = _patterns(args.print_after)
     graph = _read_ir(args.file)
+    options = _pass_options(args.option or [])
     if args.explain:
-        result = explain_graph(graph, args.passes, fastmath=args.fastmath)
+        result = explain_graph(graph, args.passes, fastmath=args.fastmath, options=options)
     else:
         result = run(graph, args.passes, print_after_all=args.print_after_all,
                      print_after_change=args.print_after_change,
-                     print_after=print_after, fastmath=args.fastmath)
+                     print_after=print_after, fastmath=args.fastmath, options=options)
         if args.stats:
             print(result, file=sys.stderr)
     _emit(result.graph, args.emit, args.output, args.fastmath)
@@ -443,6 +457,9 @@ def _parser() -> argparse.ArgumentParser:
                             "named in --passes (repeatable)")
 
     p = sub.add_parser("opt", help="run passes on an IR text file")
+    p.add_argument("--option", action="append", metavar="NAME=N",
+                   help="a setting of a pass: bucket_bytes=N (bucket), zero=1|2 (zero); "
+                        "repeatable")
     p.add_argument("file", help="a .gir file, or - for standard input")
     pipeline_options(p)
     p.add_argument("--print-after", action="append", help="a pass name or regular expression")

@@ -13,7 +13,9 @@ def test_every_pass_has_an_example_in_the_passes_page():
     from docblocks import DIRECTIVE
     shown = {Path(m.group(2)).parent.name for m in DIRECTIVE.finditer(
         (DOCS / "passes.md").read_text()) if m.group(1) == "example"}
-    assert {"dce", "cse", "fold", "simplify", "fuse", "hfuse"} <= shown
+    from graphopt.passes.manager import PASSES
+    ours = {n for n, p in PASSES.items() if p.run.__module__.startswith("graphopt.")}
+    assert len(ours) >= 8 and ours <= shown, ours - shown
 
 
 PAGES = [DOCS.parent / "README.md", *sorted(DOCS.rglob("*.md"))]

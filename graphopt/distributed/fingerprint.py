@@ -16,14 +16,16 @@ from .. import comm
 from ..errors import CollectiveError, CollectiveTimeout
 from ..ir import Graph, Node
 from ..ir.printer import format_attrs
+from ..ir.registry import COLLECTIVE, REGISTRY
 
-# The IR's collectives; any node naming a process group (`group=`) is counted as one too.
-COLLECTIVE_OPS = frozenset({"all_reduce", "reduce_scatter", "all_gather", "broadcast", "shard"})
 _SHOWN = 8  # ranks listed in a CollectiveError; the others are counted
 
 
 def _is_collective(node: Node) -> bool:
-    return node.op in COLLECTIVE_OPS or "group" in node.attrs
+    """An op of the registry's collective category (what the registry does not know, in a
+    graph parsed from text, counts if it names a process group)."""
+    op = REGISTRY.get(node.op)
+    return op.category == COLLECTIVE if op is not None else "group" in node.attrs
 
 
 def _collective(node: Node) -> str:

@@ -73,11 +73,21 @@ def _read_back(graph: Graph, whole: Value, olds: list[Node], layout: Bucket) -> 
         old.out.replace_all_uses_with(part)
 
 
-def _finish(graph: Graph, dead: list[Node]) -> None:
+def _finish(graph: Graph, dead: list[Node], placed: dict[int, list[Node]]) -> None:
+    """Drop the dead nodes; put the new ones (appended by add_node) where the node they
+    replace was (`placed`: id of that node -> the new nodes), so the collectives keep their
+    order in the chain; then a topological order and the chain again."""
     gone = {id(n) for n in dead}
     for n in dead:
         n.detach()
-    graph.nodes = [n for n in graph.nodes if id(n) not in gone]
+    new = {id(n) for made in placed.values() for n in made}
+    order: list[Node] = []
+    for n in graph.nodes:
+        if id(n) not in new:
+            order += placed.get(id(n), [])
+            if id(n) not in gone:
+                order.append(n)
+    graph.nodes = order
     toposort(graph)
     rechain(graph)
 
@@ -112,7 +122,7 @@ def bucket(graph: Graph, ctx: PassContext) -> dict:
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     unchain(graph)
     dead: list[Node] = []
-    made = 0
+    placed: dict[int, list[Node]] = {}
     for members in runs.values():
         sizes = [m.out.type.nbytes for m in members]
         fits: Callable[[list[int], int], bool] = lambda current, i: not _depends_on(
@@ -122,14 +132,14 @@ def bucket(graph: Graph, ctx: PassContext) -> dict:
                 continue
             olds = [members[i] for i in indices]
             layout = Bucket(tuple(m.out.type.shape for m in olds))
-            loc = olds[0].loc
+            loc, start = olds[0].loc, len(graph.nodes)
             whole = graph.add_node("all_reduce", [_flat(graph, [m.inputs[0] for m in olds], loc)],
                                    dict(olds[0].attrs), loc=loc).out
             _read_back(graph, whole, olds, layout)
+            placed[id(olds[-1])] = graph.nodes[start:]  # where the last member was
             dead += olds
-            made += 1
-    _finish(graph, dead)
-    return {"buckets": made, "packed": len(dead)}
+    _finish(graph, dead, placed)
+    return {"buckets": len(placed), "packed": len(dead)}
 
 
 def _gradient_parts(values: list[Value], shard: Node) -> tuple[list[Node], list[Value]] | str:
@@ -167,6 +177,7 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
     stage = ctx.options.get("zero", 2)
     unchain(graph)
     dead: list[Node] = []
+    placed: dict[int, list[Node]] = {}
     scattered = gathered = 0
     for shard in [n for n in graph.nodes if n.op == "shard"]:
         src = shard.inputs[0]
@@ -181,7 +192,7 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
             continue
         olds, tail = parts
         attrs = dict(olds[0].attrs)
-        loc = shard.loc
+        loc, start = shard.loc, len(graph.nodes)
         layout = Bucket(tuple(m.out.type.shape for m in olds))
         flat = _flat(graph, [m.inputs[0] for m in olds], loc, tail)
         whole_readers = [m for m in olds if _readers(m.out, concat or shard)]
@@ -204,10 +215,11 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
             shard.inputs[0] = whole
         if whole_readers or stage < 2:
             _read_back(graph, whole, olds, layout)
+        placed[id(shard)] = graph.nodes[start:]  # where the shard was
         dead += [concat] * (concat is not None) + [
             v.node for v in values if v.node is not None and v.node.op == "reshape" and
             v.node.inputs[0].node in olds] + olds
-    _finish(graph, dead)
+    _finish(graph, dead, placed)
     return {"reduce_scatters": scattered, "all_gathers": gathered}
 
 

@@ -285,7 +285,7 @@ MISTAKES = {
                          "plugin_raises.py:2: ValueError: boom in a plugin"),
     "--load, then a pass it does not define": (
         ["opt", "good.gir", "--load", "plugin.py", "--passes", "frobnicate"],
-        "unknown pass frobnicate; known passes: cse, dce, exp_to_sqrt, fold,"),
+        "unknown pass frobnicate; known passes: bucket, cse, dce, exp_to_sqrt, fold,"),
     # switches
     "bad switch": (["cache", "path"],
                    "GRAPHOPT_THREADS='1.5' (from the environment): expected a whole number"),
