@@ -1,7 +1,7 @@
 """graphopt: a small, inspectable graph compiler for training and optimizer steps."""
 from . import ir
 from .errors import GraphoptError
-from .frontend import EagerTensor, Parameter, Tensor, TracedTensor, assign, depend, trace
+from .frontend import EagerTensor, Parameter, Rows, Tensor, TracedTensor, assign, depend, trace
 from . import ops  # noqa: E402  (after the frontend it builds on)
 from .compile import jit
 from .autodiff import grad, value_and_grad
@@ -14,7 +14,7 @@ from .ir.types import bf16, bool_, f16, f32, f64, i32, i64
 
 __version__ = "0.1.0"
 
-__all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "trace", "jit", "assign",
+__all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "Rows", "trace", "jit", "assign",
            "depend", "ops", "ir", "Graph", "parse", "dump", "GraphoptError", "f16", "bf16",
            "f32", "f64", "i32", "i64", "bool_"]
 __all__ += ["value_and_grad", "grad", "stop_gradient"]

@@ -15,6 +15,7 @@ import numpy as np
 from . import comm
 from .errors import CollectiveError, OpTypeError
 from .frontend import checks, indexing
+from .frontend.rows import Rows
 from .frontend.tensor import Tensor
 from .frontend.bind import assign, bind, depend
 from .frontend.traces import user_location
@@ -34,6 +35,8 @@ __all__ = [
     "relu", "tanh", "sigmoid", "softplus", "gelu", "stop_gradient", "log_softmax", "softmax",
     "softmax_cross_entropy", "mse_loss", "gather", "scatter_add", "one_hot", "arange",
     "all_reduce", "reduce_scatter", "all_gather", "broadcast", "shard",
+    "embedding", "rows", "rows_indices", "rows_values", "with_values", "coalesce", "densify",
+    "take_rows", "put_rows",
 ]
 
 
@@ -424,3 +427,75 @@ def shard(x: Any, group: str = "world") -> Tensor:
         CollectiveError: no process group has that name.
     """
     return bind("shard", [x], _group(group, "shard"))
+def embedding(table: Any, ids: Any, sparse: bool = False, padding_idx: int | None = None
+              ) -> Tensor:
+    """table[ids], rows of an embedding table (torch's `nn.functional.embedding`): shape
+    ids.shape + table.shape[1:]; ids are integers in [0, rows), anything else is an error
+    when the step runs.
+
+    Args:
+        table: the table, [rows, ...].
+        ids: integer ids, any shape.
+        sparse: the gradient with respect to `table` is a row gradient (`Rows`: the ids
+            and the cotangent's rows, torch's `sparse=True`), not a dense tensor of its shape.
+        padding_idx: a row whose gradient is zero (its ids are left out of a row gradient),
+            as in torch; negative counts from the end. None: no such row.
+    """
+    sparse = checks.flag(sparse, "embedding: sparse", _error)
+    n = _shape(table)[0] if _shape(table) else 0
+    if padding_idx is None:
+        pad = -1
+    else:
+        pad = checks.integer(padding_idx, "embedding: padding_idx", _error)
+        if not -n <= pad < n:
+            raise _error(f"embedding: padding_idx {pad} is not a row of a table of {n} rows")
+        pad %= n
+    return bind("embedding", [table, ids], {"sparse": sparse, "padding_idx": pad})
+
+
+def rows(indices: Any, values: Any, shape: Sequence[int]) -> Rows:
+    """A row gradient of a dense tensor of `shape`: row `indices[k]` (an integer in
+    [0, shape[0]], shape[0] meaning no row) has the values `values[k]`; indices may repeat
+    (the rows add up). indices: [K]; values: float [K, *shape[1:]]."""
+    shape = checks.shape(shape, "rows: shape", _error)
+    return bind("rows", [indices, values], {"shape": shape})
+
+
+def rows_indices(r: Rows) -> Tensor:
+    """The indices of a row gradient, i64[K] (also `r.indices`)."""
+    return bind("rows_indices", [r])
+
+
+def rows_values(r: Rows) -> Tensor:
+    """The values of a row gradient, [K, ...] (also `r.values`)."""
+    return bind("rows_values", [r])
+
+
+def with_values(r: Rows, values: Any) -> Rows:
+    """The rows of `r` (its indices) with new values of the same shape."""
+    return bind("with_values", [r, values])
+
+
+def coalesce(r: Rows) -> Rows:
+    """The same row gradient with unique indices (also `r.coalesce()`): sorted, the values
+    of a repeated index summed in the order they come, then as many no-row entries (index
+    shape[0], values 0) as it takes to keep K rows."""
+    return bind("coalesce", [r])
+
+
+def densify(r: Rows) -> Tensor:
+    """The dense tensor of a row gradient (also `r.dense()`): zeros, each row's values added
+    at its index (repeated indices add up; no-row entries are left out)."""
+    return bind("densify", [r])
+
+
+def take_rows(x: Any, r: Rows) -> Tensor:
+    """The rows of x at the indices of `r`: [K, ...]; zeros for a no-row entry. x has the
+    dense shape of `r`."""
+    return bind("take_rows", [x, r])
+
+
+def put_rows(x: Any, r: Rows) -> Tensor:
+    """x with its rows at the indices of `r` replaced by r's values; `r` must have unique
+    indices (coalesce it) and x's shape and dtype."""
+    return bind("put_rows", [x, r])

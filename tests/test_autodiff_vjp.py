@@ -199,6 +199,7 @@ CASES: dict[str, Case] = {
     "reduce_scatter": Case(lambda x: ops.reduce_scatter(x) * ops.reduce_scatter(x, "mean"),
                            rows_example),
     "all_gather": Case(lambda x: ops.all_gather(x) * x, rows_example),
+    "embedding": Case(ops.embedding, gather_example),  # (dense: a row gradient is not an array)
 }
 
 

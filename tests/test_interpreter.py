@@ -220,10 +220,16 @@ LABELS, ROWS = np.array([0, 2]), np.array([1, 0, 1])
 
 
 def network_ops(x, y):
-    """sin/cos (schedules) and the activations, losses and indexing ops of small networks."""
+    """sin/cos (schedules) and the activations, losses and indexing ops of small networks,
+    and row gradients: three rows of x's shape, rows 1, 0, 1 (y[1], y[0], y[1])."""
+    r = ops.rows(ROWS, ops.gather(y, ROWS), x.shape)
+    c = ops.coalesce(r)
     return [ops.sin(x), ops.cos(x), ops.relu(x - 1), ops.tanh(x), ops.sigmoid(x), ops.softplus(x), ops.gelu(x),
             ops.stop_gradient(x), ops.log_softmax(x), ops.softmax_cross_entropy(x, LABELS),
-            ops.mse_loss(x, y), ops.gather(x, ROWS), ops.scatter_add(x, ROWS[:2], y)]
+            ops.mse_loss(x, y), ops.gather(x, ROWS), ops.scatter_add(x, ROWS[:2], y),
+            ops.embedding(x, ROWS, sparse=True), ops.rows_indices(c),
+            ops.rows_values(ops.with_values(c, ops.take_rows(x, c))), ops.densify(r),
+            ops.put_rows(x, c)]
 
 
 def network_ops_numpy(x, y):
@@ -232,7 +238,10 @@ def network_ops_numpy(x, y):
     return [np.sin(x), np.cos(x), np.maximum(x - 1, 0), np.tanh(x), np.exp(-np.logaddexp(0, -x)), np.logaddexp(0, x),
             0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))), x,
             log_softmax, -log_softmax[[0, 1], LABELS].mean(), np.mean((x - y) ** 2), x[ROWS],
-            x + y[[1, 0]]]  # row 1 gets y[0], row 0 gets y[1]
+            x + y[[1, 0]],  # row 1 gets y[0], row 0 gets y[1]
+            x[ROWS], np.array([0, 1, 2]),  # coalesced: rows 0, 1, then no row (2)
+            np.stack([x[0], x[1], np.zeros(3)]), np.stack([y[0], 2 * y[1]]),
+            np.stack([y[0], 2 * y[1]])]
 
 
 def test_every_op_in_the_registry_runs(rng):

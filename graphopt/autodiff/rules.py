@@ -33,10 +33,14 @@ VjpRule = Callable[..., Any]  # rule(ct, out, *inputs, **attrs) -> the gradient 
 
 # Ops no gradient goes through: their outputs are bools, tokens or fresh constants, or they
 # exist only after autodiff (kernels and their stores).
+# Row gradients are made by the backward pass, and read by optimizers after it: no gradient
+# flows through them.
 NOT_DIFFERENTIABLE = frozenset({
     "isfinite", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
     "logical_and", "logical_or", "logical_not", "constant", "assign", "kernel", "store",
-    "broadcast", "shard"})
+    "broadcast", "shard",
+    "rows", "rows_indices", "rows_values", "with_values", "coalesce",
+    "densify", "take_rows", "put_rows"})
 
 # Why a gradient cannot go through an op of NOT_DIFFERENTIABLE, where the op's kind does not
 # say it (autodiff's error adds it to its message).
@@ -176,6 +180,18 @@ def _concat(i: int, ct: Any, out: Any, *xs: Any, axis: int) -> Any:
     return ops.slice(ct, starts, stops, shape=xs[i].shape)
 
 
+def _embedding(ct: Any, out: Any, table: Any, ids: Any, sparse: bool, padding_idx: int) -> Any:
+    """The table's gradient: row ids[k] gets the cotangent's row k, an id equal to padding_idx
+    none (it becomes the no-row index, as torch leaves it out), as a row gradient (sparse)
+    or added into zeros."""
+    n = table.shape[0]
+    flat = ops.reshape(ids, (ids.size,))
+    if padding_idx >= 0:
+        flat = ops.where(flat == padding_idx, n, flat)
+    g = ops.rows(flat, ops.reshape(ct, (ids.size,) + table.shape[1:]), table.shape)
+    return g if sparse else ops.densify(g)
+
+
 VJP: dict[str, tuple[VjpRule | None, ...]] = {
     # elementwise
     "add": (_identity, _identity),
@@ -236,4 +252,5 @@ VJP: dict[str, tuple[VjpRule | None, ...]] = {
     "reduce_scatter": (_reduce_scatter,),
     # every rank's x is in every rank's output: the sum of the cotangents of its place
     "all_gather": (lambda ct, out, x, group, ranks: ops.reduce_scatter(ct, "sum", group),),
+    "embedding": (_embedding, None),
 }

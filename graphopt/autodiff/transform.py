@@ -25,7 +25,10 @@ interpreter: one transformation, not two.
 Which values get gradients: floats computed from a variable through inputs whose VJP rule is
 not None. `stop_gradient`, integer casts, comparisons, integer labels and indices cut the
 flow. A requested gradient is always a tensor of its variable's shape and dtype, *zeros* when
-no differentiable path leads from the variable to the output (an integer argument included).
+no differentiable path leads from the variable to the output (an integer argument included),
+or a row gradient of it (`Rows`) when every use of the variable is a sparse embedding lookup
+(`ops.embedding(..., sparse=True)`). Cotangents add up as they meet: two row gradients into
+one holding both's rows, a row gradient and a dense one into the dense sum.
 
 Every node the backward pass adds carries a `GradLocation`: the file:line of the forward node
 it differentiates (as JAX's source info names the transpose), so a dump with locations shows
@@ -44,6 +47,7 @@ from ..ir.graph import Location, Node, Value
 from ..ir.types import TensorType
 from ..frontend import pytree
 from ..frontend.parameter import Parameter
+from ..frontend.rows import Rows
 from ..frontend.tensor import EagerTensor, Tensor, TracedTensor
 from ..frontend.traces import Trace, current_trace, user_location
 from ..frontend.tracer import trace_function
@@ -139,13 +143,25 @@ def backprop(trace: Trace, start: int, loss: Value, variables: Sequence[Value]) 
                         raise
                     raise NotDifferentiableError(e.message, loc=node.loc) from None
                 g = sum_to_shape(g, x.shape)
-                assert g.type == x.type, (node.op, g.type, x.type)
-                cotangents[x] = cotangents[x] + g if x in cotangents else g
+                assert (g.type.dense if isinstance(g, Rows) else g.type) == x.type, \
+                    (node.op, g.type, x.type)
+                cotangents[x] = add_cotangents(cotangents[x], g) if x in cotangents else g
     grads = []
     with _Emitting(graph.nodes, loss_loc):
         for v in variables:
             grads.append(cotangents[v] if v in cotangents else ops.zeros_like(tensor(v)))
     return grads
+
+
+def add_cotangents(a: Tensor | Rows, b: Tensor | Rows) -> Tensor | Rows:
+    """Two cotangents of one value added: two row gradients into one holding the rows of
+    both (concatenated: repeated indices add up wherever it is used), a row gradient and a
+    dense one into the dense sum."""
+    from .. import ops
+    if isinstance(a, Rows) and isinstance(b, Rows):
+        return ops.rows(ops.concat([a.indices, b.indices]), ops.concat([a.values, b.values]),
+                        a.shape)
+    return (a.dense() if isinstance(a, Rows) else a) + (b.dense() if isinstance(b, Rows) else b)
 
 
 class _Emitting:

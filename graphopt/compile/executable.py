@@ -19,7 +19,8 @@ from ..frontend.tensor import EagerTensor
 from ..frontend.tracer import Traced, bind_arguments, leaf_spec
 from ..ir.graph import Graph
 from ..ir.kernel import written
-from ..ir.types import TensorType
+from ..ir.opdefs import write_rows
+from ..ir.types import RowsArray, TensorType
 from . import aliasing, exclusion
 from .exclusion import InterruptsDeferred
 
@@ -173,11 +174,15 @@ class Executable:
             return
         roots = {id(root(p._value)) for _, p in self.param_inputs}
         # A new value that views a parameter buffer (a swap, a reshape of @p) is copied first,
-        # so no commit reads a buffer that an earlier commit already overwrote.
-        staged = [(self._params[name], a.copy() if id(root(a)) in roots else a)
-                  for name, a in updates.items()]
+        # so no commit reads a buffer that an earlier commit already overwrote. Rows are
+        # written into their rows (their values never view a parameter: take_rows copies).
+        staged = [(self._params[name], a.copy() if not isinstance(a, RowsArray) and
+                   id(root(a)) in roots else a) for name, a in updates.items()]
         for p, a in staged:
-            np.copyto(p._value, a)
+            if isinstance(a, RowsArray):
+                write_rows(p._value, a)
+            else:
+                np.copyto(p._value, a)
 
 
 def _checked_array(leaf: Any, t: TensorType, path: str, native: bool = False) -> np.ndarray:

@@ -11,11 +11,12 @@ from typing import Any, Sequence
 
 import numpy as np
 
-from ..errors import AssignError, OpTypeError
+from ..errors import AssignError, GraphoptError, OpTypeError
 from ..ir.graph import Location
 from ..ir.registry import OpDef, get_op
-from ..ir.types import DType, TensorType, bool_, f64, i64, type_of_array
+from ..ir.types import DType, RowsType, TensorType, bool_, f64, i64, type_of_array
 from .parameter import Parameter
+from .rows import Rows
 from .tensor import EagerTensor, Tensor, TracedTensor
 from .traces import BaseTrace, active_trace, user_location
 
@@ -76,6 +77,13 @@ def _operand(x: Any, trace: BaseTrace) -> _Operand:
         o = _operand(x.array, trace)
         o.weak = x.weak
         return o
+    if isinstance(x, Rows):
+        if x.trace is not trace and x.trace is not None:
+            return _Operand(trace.foreign(x), x.type, False)
+        if x.trace is None and not trace.eager:
+            raise GraphoptError("a row gradient computed eagerly is used in a traced step: "
+                                "pass it to the step as an argument", loc=user_location())
+        return _Operand(x.payload, x.type, False)
     if py_kind(x) is not None:
         return _Operand(x, None, True)
     if isinstance(x, (np.ndarray, np.generic)):
@@ -149,11 +157,15 @@ def bind(opname: str, operands: Sequence[Any], attrs: dict[str, Any] | None = No
     except OpTypeError as e:
         raise OpTypeError(e.message, loc=loc) from None
     inputs = [trace.value(o.payload, o.type, loc) for o in ops_in]
-    return trace.tensor(trace.apply(op, inputs, attrs, out_types, loc)[0], weak_result)
+    result = trace.apply(op, inputs, attrs, out_types, loc)[0]
+    if isinstance(out_types[0], RowsType):
+        return trace.rows(result, out_types[0])
+    return trace.tensor(result, weak_result)
 
 
 def assign(param: Parameter, value: Any) -> None:
-    """At the end of the step, `param` holds `value`; reads after this see `value`."""
+    """At the end of the step, `param` holds `value`; reads after this see `value`. A row
+    gradient of unique rows (`coalesce`'s) as the value replaces those rows only."""
     loc = user_location()
     if not isinstance(param, Parameter):
         raise AssignError(f"assign needs a graphopt.Parameter as its target, got "
@@ -171,7 +183,10 @@ def assign(param: Parameter, value: Any) -> None:
             _take_dtype(o, param.dtype, trace, loc)
             if o.type != want:
                 _convert(o, "broadcast_to", {"shape": want.shape}, want, trace, loc)
-    if o.type != want:
+    if isinstance(o.type, RowsType) and o.type.dense == want and not o.type.unique:
+        raise AssignError(f"assign to {param.name}: the rows {o.type} may repeat an index; "
+                          f"coalesce them first (graphopt.ops.coalesce)", loc=loc)
+    if o.type != want and not (isinstance(o.type, RowsType) and o.type.dense == want):
         raise AssignError(f"assign to {param.name}: the value is {o.type} but the parameter is "
                           f"{want}", loc=loc)
     trace.record_assign(param, trace.value(o.payload, o.type, loc), loc)

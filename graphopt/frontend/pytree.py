@@ -1,7 +1,9 @@
 """Nested arguments (lists, tuples, dicts of leaves) flattened to a list of leaves and back.
 
 The structure (`TreeDef`) is part of a compiled step's signature; leaf paths such as
-`grads.0` or `batch.x` name the step's `arg` inputs in the IR.
+`grads.0` or `batch.x` name the step's `arg` inputs in the IR. A row gradient (`Rows`) is a
+node of two leaves, its indices and its values (`grads.0.indices`, `grads.0.values`): a
+step takes and returns tensors only, and the rows are made again on the other side.
 """
 from __future__ import annotations
 
@@ -11,13 +13,15 @@ from dataclasses import dataclass
 from typing import Any, Sequence
 
 from ..errors import SignatureError
+from .rows import Rows
+from .tensor import ops
 
 
 @dataclass(frozen=True)
 class TreeDef:
-    kind: str  # "leaf", "none", "list", "tuple" or "dict"
+    kind: str  # "leaf", "none", "list", "tuple", "dict" or "rows"
     children: tuple[TreeDef, ...] = ()
-    keys: tuple[Any, ...] = ()  # dict keys, in order
+    keys: tuple[Any, ...] = ()  # dict keys, in order; a row gradient's dense shape
 
     def __hash__(self) -> int:  # computed once: a step's signature hashes it on every call
         h = self.__dict__.get("_hash")
@@ -31,12 +35,14 @@ class TreeDef:
             return "a tensor" if self.kind == "leaf" else "None"
         if self.kind == "dict":
             return f"a dict with keys {list(self.keys)}"
+        if self.kind == "rows":
+            return f"a row gradient of {list(self.keys)}"
         return f"a {self.kind} of {len(self.children)} items"
 
 
 LEAF, NONE = TreeDef("leaf"), TreeDef("none")
 _CONTAINERS = (list, tuple, dict)
-_NOT_LEAVES = frozenset(_CONTAINERS) | {type(None)}
+_NOT_LEAVES = frozenset(_CONTAINERS) | {type(None), Rows}
 
 
 # A list of n leaves, flattened on every call of a step: its structure and paths are made once.
@@ -63,6 +69,11 @@ def flatten(x: Any, path: str = "") -> tuple[list[Any], Sequence[str], TreeDef]:
     elif isinstance(x, dict):
         items = list(x.items())
         kind = "dict"
+    elif isinstance(x, Rows):
+        prefix = f"{path}." if path else ""
+        parts = [x.indices, x.values] if x.trace is not None else list(x.payload[:2])
+        return parts, [f"{prefix}indices", f"{prefix}values"], \
+            TreeDef("rows", (LEAF, LEAF), x.shape)
     else:
         return [x], [path], LEAF
     leaves, paths, children = [], [], []
@@ -77,6 +88,8 @@ def flatten(x: Any, path: str = "") -> tuple[list[Any], Sequence[str], TreeDef]:
 
 
 def unflatten(tree: TreeDef, leaves: list[Any]) -> Any:
+    """The structure `tree` with these leaves in it (a row gradient is made by ops.rows: in
+    a trace, a node)."""
     it = iter(leaves)
 
     def build(t: TreeDef) -> Any:
@@ -85,6 +98,8 @@ def unflatten(tree: TreeDef, leaves: list[Any]) -> Any:
         if t.kind == "none":
             return None
         items = [build(c) for c in t.children]
+        if t.kind == "rows":
+            return ops.rows(*items, t.keys)
         if t.kind == "dict":
             return dict(zip(t.keys, items))
         return items if t.kind == "list" else tuple(items)

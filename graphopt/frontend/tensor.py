@@ -19,7 +19,25 @@ if TYPE_CHECKING:
     from .traces import Trace
 
 
-class Tensor:
+class Typed:
+    """What a step sees of a value's IR type: a tensor's, or a row gradient's (whose shape is
+    its dense tensor's)."""
+
+    __slots__ = ()
+    type: TensorType
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The static shape; `()` for a scalar."""
+        return self.type.shape
+
+    @property
+    def dtype(self) -> DType:
+        """The graphopt dtype (f32, i64, bool, ...)."""
+        return self.type.dtype
+
+
+class Tensor(Typed):
     """Operators and methods shared by TracedTensor, EagerTensor and Parameter."""
 
     __slots__ = ()
@@ -34,18 +52,6 @@ class Tensor:
     def __array_function__(self, func, types, args, kwargs):
         from . import numpy_api
         return numpy_api.function(func, args, kwargs)
-
-    type: TensorType
-
-    @property
-    def shape(self) -> tuple[int, ...]:
-        """The static shape; `()` for a scalar."""
-        return self.type.shape
-
-    @property
-    def dtype(self) -> DType:
-        """The graphopt dtype (f32, i64, bool, ...)."""
-        return self.type.dtype
 
     @property
     def ndim(self) -> int:

@@ -129,8 +129,8 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
             t, weak = TensorType(spec[1], DTYPES[spec[2]]), spec[0] == "weak"
         proxies.append(TracedTensor(trace.graph.add_input("arg", arg_name, t), trace, weak))
         kinds.append("arg")
-    call_args = pytree.unflatten(in_tree, proxies)
     with tracing(trace):
+        call_args = pytree.unflatten(in_tree, proxies)  # (a row gradient: a node)
         pos, kw = _call_arguments(fn, call_args)
         result = fn(*pos, **kw)
         out_leaves, out_paths, out_tree = pytree.flatten(result)

@@ -22,10 +22,11 @@ import numpy as np
 from ..errors import AssignError, ExecutionError, GraphoptError, ParameterError
 from ..ir.analysis import producers, toposort, unordered_readers
 from ..ir.graph import Graph, Location, Value
-from ..ir.opdefs import constant_value
+from ..ir.opdefs import constant_value, write_rows
 from ..ir.registry import OpDef, evaluate
-from ..ir.types import TensorType
+from ..ir.types import RowsArray, RowsType, TensorType
 from .parameter import Parameter
+from .rows import Rows
 from .tensor import EagerTensor, Tensor, TracedTensor
 
 _PKG = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
@@ -75,6 +76,8 @@ class BaseTrace:
     (frontend/hypermap.py) overrides. A payload is what a trace computes with: a Value in a
     graph, an array in eager mode."""
 
+    eager = False  # whether ops compute at once (EagerTrace)
+
     def param_type(self, p: Parameter) -> TensorType:
         """The type a value assigned to p must have."""
         return p.type
@@ -103,6 +106,10 @@ class BaseTrace:
     def tensor(self, payload: Any, weak: bool) -> Tensor:
         raise NotImplementedError
 
+    def rows(self, payload: Any, t: RowsType) -> Rows:
+        """The Rows of a payload of type t (an op's result)."""
+        raise NotImplementedError
+
     def record_assign(self, p: Parameter, v: Any, loc: Location | None) -> None:
         raise NotImplementedError
 
@@ -113,10 +120,14 @@ class BaseTrace:
 class EagerTrace(BaseTrace):
     """Eager mode: every op computes now, with the numpy semantics the interpreter runs."""
 
+    eager = True
+
     def read_param(self, p: Parameter) -> np.ndarray:
         return p._value
 
     def value(self, payload: Any, t: TensorType, loc: Location | None) -> np.ndarray:
+        if isinstance(t, RowsType):
+            return payload
         return np.asarray(payload, dtype=t.dtype.np_dtype)
 
     def apply(self, op: OpDef, inputs: Sequence[Any], attrs: dict[str, Any],
@@ -134,8 +145,17 @@ class EagerTrace(BaseTrace):
         # change it, where the traced step keeps the value it read.
         return EagerTensor(payload if payload.flags.owndata else payload.copy(), weak)
 
+    def rows(self, payload: RowsArray, t: RowsType) -> Rows:
+        values = payload.values  # (as tensor's: a view of a Parameter's buffer is copied)
+        if not values.flags.owndata:
+            payload = payload._replace(values=values.copy())
+        return Rows(payload, t)
+
     def record_assign(self, p: Parameter, v: np.ndarray, loc: Location | None) -> None:
-        np.copyto(p._value, v)
+        if isinstance(v, RowsArray):
+            write_rows(p._value, v)
+        else:
+            np.copyto(p._value, v)
 
     def depend(self, v: np.ndarray, after: list[Any], weak: bool,
                loc: Location | None) -> EagerTensor:
@@ -171,7 +191,11 @@ class Trace(BaseTrace):
 
     def read_param(self, p: Parameter) -> Value:
         if id(p) in self.assigned:
-            return self.assigned[id(p)][1]  # read after assign: the new value
+            v = self.assigned[id(p)][1]  # read after assign: the new value
+            if isinstance(v.type, RowsType):  # rows of p replaced: the whole tensor now
+                return self.graph.add_node("put_rows", [self.read_input(p), v],
+                                           loc=user_location()).out
+            return v
         if id(p) in self.map_writes:  # read after a mapped update: that kernel's new value
             from .hypermap import new_value
             return new_value(*self.map_writes[id(p)])
@@ -203,6 +227,9 @@ class Trace(BaseTrace):
 
     def tensor(self, payload: Value, weak: bool) -> TracedTensor:
         return TracedTensor(payload, self, weak)
+
+    def rows(self, payload: Value, t: RowsType) -> Rows:
+        return Rows(payload, t, self)
 
     def depend(self, v: Value, after: list[Any], weak: bool,
                loc: Location | None) -> TracedTensor:

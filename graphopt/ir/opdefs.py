@@ -18,8 +18,8 @@ from ..errors import OpTypeError
 from .registry import (BOOL_ATTR, CONSTANT, CONTROL, DTYPE_ATTR, EFFECT, ELEMENTWISE, INDEX,
                        INT_ATTR, INTS_ATTR, LINALG, NN, REDUCTION, SHAPE, SHAPE_ATTR, VALUE_ATTR,
                        OpDef, register)
-from .types import (DType, TensorType, Type, bf16, bool_, contiguous_strides, f16, to_dtype,
-                    token, value_problem)
+from .types import (DType, RowsArray, RowsType, TensorType, Type, bf16, bool_,
+                    contiguous_strides, f16, to_dtype, token, value_problem)
 
 NUM = ("float", "int")
 FLOAT = ("float",)
@@ -32,6 +32,9 @@ def _tensors(op: str, types: Sequence[Type], n: int) -> list[TensorType]:
     if len(types) != n:
         raise OpTypeError(f"{op} takes {n} input{'s' * (n != 1)}, got {len(types)}")
     for t in types:
+        if isinstance(t, RowsType):
+            raise OpTypeError(f"{op}: a row gradient ({t}) is not a tensor operand (take its "
+                              f"values with rows_values, or make it dense with densify)")
         if not isinstance(t, TensorType):
             raise OpTypeError(f"{op}: an effect token is not a tensor operand "
                               f"(use it in after(...) to order, not as data)")
@@ -433,6 +436,12 @@ register(OpDef("constant", CONSTANT, _constant_infer, _constant_impl,
 
 # -- effects and ordering -----------------------------------------------------------------------
 def _assign_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    if len(types) == 2 and isinstance(types[1], RowsType):  # rows of @p replaced
+        (p,), v = _tensors("assign", types[:1], 1), types[1]
+        if v.dense != p or not v.unique:
+            raise OpTypeError(f"assign: rows {v} do not fit the parameter's type {p} (rows of "
+                              f"its type, with unique indices: coalesce them first)")
+        return [token]
     p, v = _tensors("assign", types, 2)
     if p != v:
         raise OpTypeError(f"assign: value {v} does not match the parameter's type {p}")
@@ -447,7 +456,8 @@ def _depend_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
 
 # Neither allocates: an assign only records its value, a depend passes one through.
 register(OpDef("assign", EFFECT, _assign_infer, may_raise=False,
-               doc="assign @p, v: at the end of the step @p holds v; yields a token"))
+               doc="assign @p, v: at the end of the step @p holds v (for unique rows v: "
+                   "put_rows(@p, v)); yields a token"))
 register(OpDef("depend", CONTROL, _depend_infer, lambda x: x, may_raise=False,
                doc="depend x after(t...): x, ordered after the values and tokens t",
                view=_identity_view))
@@ -568,3 +578,193 @@ register(OpDef("gather", INDEX, _gather_infer, lambda table, idx: np.take(table,
 register(OpDef("scatter_add", INDEX, _scatter_add_infer, _scatter_add,
                doc="x with updates added at rows indices; repeated rows accumulate",
                dtype_group=(0, 2)))
+
+
+# -- row gradients (category index): K rows of a dense tensor, see types.RowsType ----------------
+# At run time a row gradient is a RowsArray; the index `dense_rows` (one past the last row)
+# means "no row": coalesce pads with it, a padding_idx becomes it, and whatever reads or
+# writes rows skips it.
+def _rows_operand(op: str, t: Type) -> RowsType:
+    if not isinstance(t, RowsType):
+        raise OpTypeError(f"{op}: the operand must be a row gradient (rows<K, ...>), got {t}")
+    return t
+
+
+def _one_rows(op: str, types: Sequence[Type]) -> RowsType:
+    if len(types) != 1:
+        raise OpTypeError(f"{op} takes 1 input, got {len(types)}")
+    return _rows_operand(op, types[0])
+
+
+def _rows_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    indices, values = _tensors("rows", types, 2)
+    _one_dtype("rows", [indices], ("int",))
+    _one_dtype("rows", [values], FLOAT)
+    shape = tuple(attrs["shape"])
+    if indices.ndim != 1 or not shape or values.shape != indices.shape + shape[1:]:
+        raise OpTypeError(f"rows: indices {indices} must be a vector [K] and values {values} "
+                          f"[K, ...] with the row shape of the dense shape {list(shape)}")
+    return [RowsType(indices.shape[0], TensorType(shape, values.dtype))]
+
+
+def _rows(indices: np.ndarray, values: np.ndarray, shape: Sequence[int]) -> RowsArray:
+    n = shape[0]
+    if indices.size and (indices.min() < 0 or indices.max() > n):
+        bad = indices[(indices < 0) | (indices > n)][0]
+        raise IndexError(f"rows: index {bad} is outside [0, {n}] (a tensor of {n} rows; the "
+                         f"index {n} means no row)")
+    return RowsArray(indices.astype(np.int64), values, n)
+
+
+def _with_values_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    if len(types) != 2:
+        raise OpTypeError(f"with_values takes 2 inputs, got {len(types)}")
+    r = _rows_operand("with_values", types[0])
+    (v,) = _tensors("with_values", types[1:], 1)
+    _one_dtype("with_values", [v], FLOAT)
+    if v.shape != r.values_type.shape:
+        raise OpTypeError(f"with_values: values {v} must have the shape of the values of {r}")
+    return [RowsType(r.rows, TensorType(r.shape, v.dtype), r.unique)]
+
+
+def _halves_in_f32(values: np.ndarray) -> np.ndarray:
+    return values.astype(np.float32) if values.dtype in _HALVES else values
+
+
+def _coalesce(r: RowsArray) -> RowsArray:
+    """Sorted distinct indices first, each row's values the sum of its duplicates in the
+    order they come (f16 and bf16 summed in f32, rounded once), then the no-row index with
+    zeros: K rows still. Vectorized: a stable sort, then one addition per duplicate rank."""
+    idx, values, n = r
+    order = np.argsort(idx, kind="stable")
+    ranked = idx[order]
+    valid = int(np.searchsorted(ranked, n))  # the no-row index sorts last
+    ranked, order = ranked[:valid], order[:valid]
+    out_idx = np.full(idx.shape, n, np.int64)
+    out = np.zeros(values.shape, _halves_in_f32(values[:0]).dtype)
+    if valid:
+        first = np.empty(valid, bool)
+        first[0] = True
+        np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+        starts = np.flatnonzero(first)
+        segment = np.cumsum(first) - 1
+        out_idx[:len(starts)] = ranked[starts]
+        ordered = _halves_in_f32(values[order])
+        out[:len(starts)] = ordered[starts]
+        rank = np.arange(valid) - starts[segment]  # a duplicate's place among its row's
+        later = np.flatnonzero(rank)
+        if later.size and int(rank.max()) <= _RANKS_BY_LOOP:
+            for k in range(1, int(rank.max()) + 1):  # rows of one rank are distinct
+                at = later[rank[later] == k]
+                out[segment[at]] += ordered[at]
+        elif later.size:  # many duplicates of a row: numpy's unbuffered add, in order too
+            np.add.at(out, segment[later], ordered[later])
+    return RowsArray(out_idx, out.astype(values.dtype, copy=False), n)
+
+
+_RANKS_BY_LOOP = 8  # up to this many duplicates of a row: one vectorized add per rank
+
+
+def _densify_into(out: np.ndarray, r: RowsArray) -> np.ndarray:
+    out.fill(0)
+    keep = r.indices < r.dense_rows
+    np.add.at(out, r.indices[keep], r.values[keep])  # unbuffered: duplicates add up
+    return out
+
+
+def _densify(r: RowsArray) -> np.ndarray:
+    return _densify_into(np.empty((r.dense_rows,) + r.values.shape[1:], r.values.dtype), r)
+
+
+def _take_rows_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    if len(types) != 2:
+        raise OpTypeError(f"take_rows takes 2 inputs, got {len(types)}")
+    (x,) = _tensors("take_rows", types[:1], 1)
+    r = _rows_operand("take_rows", types[1])
+    if x.shape != r.shape:
+        raise OpTypeError(f"take_rows: {x} is not of the dense shape of {r}")
+    return [TensorType(r.values_type.shape, x.dtype)]
+
+
+def take_rows(x: np.ndarray, r: RowsArray) -> np.ndarray:
+    """The rows of x at r's indices, zeros for the no-row index (numpy semantics)."""
+    idx, _, n = r
+    if n == 0:
+        return np.zeros(idx.shape + x.shape[1:], x.dtype)
+    out = np.take(x, np.minimum(idx, n - 1), axis=0)
+    out[idx >= n] = 0
+    return out
+
+
+def _put_rows_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    if len(types) != 2:
+        raise OpTypeError(f"put_rows takes 2 inputs, got {len(types)}")
+    (x,) = _tensors("put_rows", types[:1], 1)
+    r = _rows_operand("put_rows", types[1])
+    if r.dense != x or not r.unique:
+        raise OpTypeError(f"put_rows: rows {r} do not fit {x} (rows of its type, with unique "
+                          f"indices)")
+    return [x]
+
+
+def write_rows(out: np.ndarray, r: RowsArray) -> None:
+    """out's rows at r's indices replaced by r's values, in place (the no-row index skipped):
+    what an assign of unique rows does to its parameter."""
+    keep = r.indices < r.dense_rows
+    out[r.indices[keep]] = r.values[keep]
+
+
+def _put_rows(x: np.ndarray, r: RowsArray) -> np.ndarray:
+    out = np.array(x, copy=True)
+    write_rows(out, r)
+    return out
+
+
+def _embedding_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    (out,) = _gather_infer(types, attrs)
+    n, pad = types[0].shape[0], attrs["padding_idx"]
+    if not -1 <= pad < max(n, 1):
+        raise OpTypeError(f"embedding: padding_idx {pad} is not a row of {types[0]} (-1: none)")
+    return [out]
+
+
+def _embedding(table: np.ndarray, ids: np.ndarray, sparse: bool, padding_idx: int) -> np.ndarray:
+    n = table.shape[0]
+    if ids.size and (ids.min() < 0 or ids.max() >= n):
+        bad = ids[(ids < 0) | (ids >= n)].flat[0]
+        raise IndexError(f"embedding: index {bad} is outside [0, {n}) (the table's rows)")
+    return np.take(table, ids, axis=0)
+
+
+register(OpDef("rows", INDEX, _rows_infer, _rows, attrs=("shape",), attr_kinds=(SHAPE_ATTR,),
+               type_attrs=("shape",), dtype_group=(1,), aliases=True,
+               doc="rows %indices, %values: a row gradient of the result's dense shape; each "
+                   "index in [0, N], N meaning no row (else an error when the step runs)"))
+register(OpDef("rows_indices", INDEX, lambda types, attrs: [
+    _one_rows("rows_indices", types).indices_type], lambda r: r.indices, aliases=True,
+    doc="the indices of a row gradient, i64[K]"))
+register(OpDef("rows_values", INDEX, lambda types, attrs: [
+    _one_rows("rows_values", types).values_type], lambda r: r.values, aliases=True,
+    doc="the values of a row gradient, [K, ...]"))
+register(OpDef("with_values", INDEX, _with_values_infer,
+               lambda r, v: RowsArray(r.indices, v, r.dense_rows), dtype_group=(), aliases=True,
+               doc="with_values %r, %v: the rows of %r (its indices) with the values %v"))
+register(OpDef("coalesce", INDEX, lambda types, attrs: [
+    RowsType(_one_rows("coalesce", types).rows, types[0].dense, True)], _coalesce,
+    doc="the same rows with unique indices: sorted, duplicates summed in the order they come, "
+        "then the no-row index with zeros"))
+register(OpDef("densify", INDEX, lambda types, attrs: [_one_rows("densify", types).dense],
+               _densify, into=_densify_into,
+               doc="the dense tensor of a row gradient: zeros, each row added at its index "
+                   "(duplicates summed)"))
+register(OpDef("take_rows", INDEX, _take_rows_infer, take_rows, dtype_group=(),
+               doc="take_rows %x, %r: the rows of %x at the indices of %r (zeros for no row)"))
+register(OpDef("put_rows", INDEX, _put_rows_infer, _put_rows, dtype_group=(),
+               doc="put_rows %x, %r: %x with its rows at the unique indices of %r replaced by "
+                   "their values"))
+register(OpDef("embedding", INDEX, _embedding_infer, _embedding,
+               attrs=("sparse", "padding_idx"), attr_kinds=(BOOL_ATTR, INT_ATTR),
+               dtype_group=(0,),
+               doc="embedding %table, %ids {sparse, padding_idx}: table[ids], ids in [0, N); "
+                   "its gradient is a row gradient (sparse) or dense, the padding_idx row's "
+                   "zero (-1: none)"))

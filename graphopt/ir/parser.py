@@ -17,7 +17,8 @@ descent parser, one method per grammar rule, builds the Graph. Grammar (EBNF; wh
     attr       = "true" | "false" | NUMBER | "nan" | "inf" | dtype | STRING
                | "[" [ attr { "," attr } ] "]" ;
     types      = type { "," type } ;
-    type       = "token" | dtype "[" [ INT { "," INT } ] "]" ;
+    type       = "token" | tensor | "rows" "<" INT "," tensor [ "," "unique" ] ">" ;
+    tensor     = dtype "[" [ INT { "," INT } ] "]" ;
     dtype      = "f16" | "bf16" | "f32" | "f64" | "i32" | "i64" | "bool" ;
     loc        = "loc" "(" STRING ":" INT ")" ;
     PARAM      = "@" (ident | STRING) ;                 ARG = "%" (ident | STRING) ;
@@ -45,7 +46,7 @@ from ..errors import ParseError, ParseInputError
 from .graph import Graph, Location, Node, Value
 from .opdefs import constant_value
 from .registry import REGISTRY, VALUE_ATTR
-from .types import DTYPES, TensorType, Type, token, value_problem
+from .types import DTYPES, RowsType, TensorType, Type, token, value_problem
 
 _STRING = r'"(?:[^"\\\n]|\\.)*"'
 _TOKEN = re.compile(rf"""
@@ -55,7 +56,7 @@ _TOKEN = re.compile(rf"""
   | (?P<VALUE>[%@](?:[\w.]+|{_STRING}))
   | (?P<NUMBER>-inf(?![\w.])|-?[0-9]+(?:\.[0-9]*)?(?:[eE][+-]?[0-9]+)?)
   | (?P<NAME>[A-Za-z_][\w.]*)
-  | (?P<PUNCT>[=,:{{}}\[\]()])
+  | (?P<PUNCT>[=,:{{}}\[\]()<>])
 """, re.VERBOSE)
 
 X = TypeVar("X")
@@ -272,7 +273,8 @@ class _Parser:
         loc = self.loc() if self.at("loc") else None
         if len(types) != len(results):
             raise self.error(f"{len(results)} result name(s) but {len(types)} type(s)", colon)
-        if op.type_attrs and (len(types) != 1 or not isinstance(types[0], TensorType)):
+        if op.type_attrs and (len(types) != 1 or
+                              not isinstance(types[0], (TensorType, RowsType))):
             raise self.error(f"{op.name} has one tensor result", colon)
         # A value attribute (a constant's) is data of the result type.
         data = {name for name, kind in zip(op.attrs, op.attr_kinds) if kind is VALUE_ATTR}
@@ -378,6 +380,17 @@ class _Parser:
         tok = self.expect_kind("NAME", "a type such as f32[4,3] or token")
         if tok.text == "token":
             return token
+        if tok.text == "rows":
+            self.expect("<", " after rows")
+            count = self.integer("the number of rows (an integer >= 0)")
+            self.expect(",", " after the number of rows")
+            dense = self.tensor_type(self.expect_kind("NAME", "a tensor type such as f32[4,3]"))
+            unique = self.accept(",") and self.expect("unique", " (the only flag of rows)")
+            self.expect(">", " to close rows<...>")
+            return RowsType(count, dense, bool(unique))
+        return self.tensor_type(tok)
+
+    def tensor_type(self, tok: Token) -> TensorType:
         if tok.text not in DTYPES:
             raise self.error(f"unknown dtype '{tok.text}' (graphopt has {', '.join(DTYPES)})",
                              tok)

@@ -13,7 +13,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import GraphoptError, OpTypeError
-from .types import DTYPES, DType, TensorType, Type, bf16, f16, shape_problem
+from .types import DTYPES, DType, RowsArray, RowsType, TensorType, Type, bf16, f16, shape_problem
 
 # Categories that passes match on.
 ELEMENTWISE = "elementwise"
@@ -24,7 +24,7 @@ CONSTANT = "constant"
 EFFECT = "effect"
 CONTROL = "control"
 KERNEL = "kernel"
-INDEX = "index"  # gather / scatter_add: data-dependent addressing along axis 0
+INDEX = "index"  # gather, scatter_add, row gradients: data-dependent addressing along axis 0
 NN = "nn"  # composite network ops with a fused numpy reference: log_softmax, losses
 # Ops whose value depends on the process group they run in (its rank, the other ranks'
 # values): all_reduce, all_gather, ..., shard (ir/collectives.py). Never evaluated at compile
@@ -140,6 +140,9 @@ class OpDef:
     # A view (reshape, transpose, slice, ...): its result is its first input's elements, read
     # in a new layout; a backend may read them where they lie instead of making the result.
     view: ViewRule | None = None
+    # Its result holds its inputs' arrays as they are (a row gradient holds its values): a
+    # backend keeps those buffers, unwritten, for as long as the result is read.
+    aliases: bool = False
     # Traits passes and backends read (MLIR's Commutative; "can fail at run time"):
     commutative: bool = False  # op(x, y) == op(y, x): cse merges either order
     may_raise: bool = True  # running it may raise (anything that allocates: a MemoryError)
@@ -259,9 +262,14 @@ def evaluate(op: OpDef, arrays: Sequence[np.ndarray], attrs: dict[str, Any],
              out_types: Sequence[Type]) -> list[np.ndarray]:
     """Run an op's numpy semantics and return arrays of exactly the declared output types."""
     result = op.impl(*_widened(op, arrays), **attrs)
-    results = result if isinstance(result, tuple) else (result,)
+    results = result if isinstance(result, tuple) and not isinstance(result, RowsArray) \
+        else (result,)
     out = []
     for r, t in zip(results, out_types):
+        if isinstance(t, RowsType):
+            assert isinstance(r, RowsArray) and r.values.shape == t.values_type.shape, (op.name, t)
+            out.append(r)
+            continue
         assert isinstance(t, TensorType)
         a = np.asarray(r)
         if a.dtype != t.dtype.np_dtype:

@@ -1,14 +1,15 @@
 """dtypes and value types of the IR.
 
-A value is a tensor (`TensorType`: static shape and dtype; `()` is a scalar) or an effect token
-(`TokenType`, what `assign` yields). bf16 arrays use the `ml_dtypes` numpy extension type, the
+A value is a tensor (`TensorType`: static shape and dtype; `()` is a scalar), an effect token
+(`TokenType`, what `assign` yields) or a row gradient (`RowsType`: K rows of a tensor, what
+the VJP of a sparse embedding lookup gives; at run time a `RowsArray`). bf16 arrays use the `ml_dtypes` numpy extension type, the
 one JAX and TensorFlow use, so the interpreter can hold and compute bf16 like any other dtype.
 """
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Iterator
+from typing import Iterator, NamedTuple
 
 import ml_dtypes
 import numpy as np
@@ -219,7 +220,65 @@ class TokenType:
 
 
 token = TokenType()
-Type = TensorType | TokenType
+
+
+@dataclass(frozen=True)
+class RowsType:
+    """The type of a row gradient: `rows` rows of a tensor of type `dense`, each given by an
+    index into the tensor's first axis (`i64[rows]`) and its values (`dense.dtype[rows,
+    *dense.shape[1:]]`). It prints as `rows<7, f32[100,32]>`. The index `dense.shape[0]`
+    (one past the last row) means "no row": it stands for nothing, and what reads or writes
+    rows skips it (coalesce pads with it, and so does a padding_idx).
+
+    `unique`: its indices are distinct, apart from the no-row index (`coalesce` makes such
+    rows, `rows<7, f32[100,32], unique>`); only such rows may be written into a tensor."""
+
+    rows: int
+    dense: TensorType
+    unique: bool = False
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "rows", int(self.rows))
+
+    @property
+    def shape(self) -> tuple[int, ...]:
+        """The shape of the dense tensor the rows belong to."""
+        return self.dense.shape
+
+    @property
+    def dtype(self) -> DType:
+        """The dtype of the values."""
+        return self.dense.dtype
+
+    @property
+    def indices_type(self) -> TensorType:
+        """The type of the indices: `i64[rows]`."""
+        return TensorType((self.rows,), i64)
+
+    @property
+    def values_type(self) -> TensorType:
+        """The type of the values: `dtype[rows, *shape[1:]]`."""
+        return TensorType((self.rows,) + self.dense.shape[1:], self.dense.dtype)
+
+    @property
+    def nbytes(self) -> int:
+        """The bytes of its indices and values."""
+        return self.indices_type.nbytes + self.values_type.nbytes
+
+    def __str__(self) -> str:
+        return f"rows<{self.rows}, {self.dense}{', unique' if self.unique else ''}>"
+
+
+class RowsArray(NamedTuple):
+    """A row gradient's value at run time: its indices (int64 [K]) and values ([K, ...]) as
+    numpy arrays, and the dense tensor's number of rows, `dense_rows`: the no-row index."""
+
+    indices: np.ndarray
+    values: np.ndarray
+    dense_rows: int
+
+
+Type = TensorType | TokenType | RowsType
 
 
 def type_of_array(a: np.ndarray) -> TensorType:

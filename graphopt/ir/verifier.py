@@ -9,7 +9,8 @@ Each violation raises a VerifyError naming the rule and the node:
                      bytes (a kernel's spaces: elements), so no size wraps in int64
   types              every node's output types are what the op's type rule gives (a kernel's
                      come from its body; a constant's value is one of its dtype's); a token
-                     is never data, also not in a return
+                     is never data, also not in a return, and a row gradient is not returned
+                     (a step returns its parts)
   unique-names       graph inputs have distinct names
   defined-before-use every value is defined (by an input or an earlier node) before it is used
   acyclic            no value depends on itself (reported apart from misordering)
@@ -44,7 +45,7 @@ from .graph import Graph, Node, Value
 from .kernel import infer_types, stores, written
 from .printer import Namer, format_node, value_names
 from .registry import CONSTANT, ELEMENTWISE, REGISTRY, check_attr_kinds, check_attrs
-from .types import TensorType, TokenType, Type, shape_problem
+from .types import RowsType, TensorType, TokenType, Type, shape_problem
 from .uses import Operands
 
 Fail = Callable[[str, "Node | None", str], None]
@@ -68,7 +69,10 @@ def _describe(node: Node, graph: Graph) -> str:
 
 @functools.lru_cache(maxsize=4096)
 def _size_problem(t: Type) -> str | None:
-    """What makes a tensor type too large (or negative), or None; a token has no size."""
+    """What makes a tensor type too large (or negative), or None; a token has no size; a row
+    gradient's dense tensor and values are tensors."""
+    if isinstance(t, RowsType):
+        return _size_problem(t.dense) or _size_problem(t.values_type)
     return shape_problem(t.shape, t.dtype.itemsize) if isinstance(t, TensorType) else None
 
 
@@ -112,6 +116,10 @@ def _verify(graph: Graph, region: bool) -> None:
         if isinstance(v.type, TokenType):
             fail("types", None, f"the return gives the token {value_names(graph).get(v, '?')} "
                                 f"as data; a token orders, in after(...)")
+        if isinstance(v.type, RowsType):
+            fail("types", None, f"the return gives the row gradient "
+                                f"{value_names(graph).get(v, '?')}; return its parts "
+                                f"(rows_indices, rows_values) or densify it")
     if region:
         _check_body(graph, fail)
     else:

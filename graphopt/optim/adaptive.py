@@ -6,7 +6,7 @@ from typing import Any
 
 from .. import ops
 from .groups import INIT, Option, ParamGroup, flag, nonneg
-from .optimizer import COMMON_OPTIONS, Hyper, Optimizer, Scalars, Slot
+from .optimizer import COMMON_OPTIONS, DENSE, ROWS, Hyper, Optimizer, Scalars, Slot
 from .rules import decay_scalars, ema_sq, lerp, weight_decay
 from .sgd import check_momentum_structure
 
@@ -18,12 +18,16 @@ class Adagrad(Optimizer):
         s ← s + g²                           s starts at initial_accumulator_value
         p ← p − lr_t · g / (√s + eps),       lr_t = lr / (1 + (t − 1)·lr_decay)
 
-    State: `<param>.sum`. Other keyword arguments: see `Optimizer`.
+    A row gradient updates the rows it touches, as torch's sparse Adagrad does
+    (p ← p − lr_t · (g / (√s + eps)), g coalesced); torch refuses weight decay there, graphopt
+    adds λ·p on the touched rows. State: `<param>.sum`. Other keyword arguments: see
+    `Optimizer`.
     """
 
     options = {"lr": nonneg(), "lr_decay": nonneg(), "weight_decay": nonneg(),
                "initial_accumulator_value": Option(kind=INIT), "eps": nonneg(),
                **COMMON_OPTIONS}
+    gradient_kinds = (DENSE, ROWS)
 
     def __init__(self, params: Any, lr: Any = 1e-2, lr_decay: float = 0.0,
                  weight_decay: float = 0.0, initial_accumulator_value: float = 0.0,
@@ -40,10 +44,19 @@ class Adagrad(Optimizer):
                 **decay_scalars(h, False)}
 
     def update(self, s: Slot, g: Any, c: Scalars) -> None:
+        p, g, std = self._accumulate(s, g, c)
+        self.write(s, p - c.clr * g / std)
+
+    def update_rows(self, s: Slot, g: Any, c: Scalars) -> None:
+        p, g, std = self._accumulate(s, g, c)
+        self.write(s, p - c.clr * (g / std))  # torch's sparse branch divides first
+
+    def _accumulate(self, s: Slot, g: Any, c: Scalars) -> tuple[Any, Any, Any]:
+        """(p, g, √s + eps) after weight decay and s ← s + g² (stored)."""
         p, g = weight_decay(self.read(s), g, c, decoupled=False)
         total = self.read_state(s, "sum") + g * g
         self.write_state(s, "sum", total)
-        self.write(s, p - c.clr * g / (ops.sqrt(total) + c.eps))
+        return p, g, ops.sqrt(total) + c.eps
 
 
 class RMSprop(Optimizer):

@@ -16,7 +16,15 @@ A step, as `Optimizer.step` builds it:
         c = self.scalars(group, h)        per-group f64 scalars (bias corrections, lr, ...)
         for each parameter and its gradient g:
             self.update(slot, g, c)       reads and assigns the parameter and its state
+            (or update_rows)              g a row gradient: only the rows it touches
     step = step + 1
+
+The rule is picked per parameter by the kind of gradient it gets (MindSpore's
+MultitypeFuncGraph): a dense tensor goes to `update`, a row gradient (`Rows`, from a sparse
+embedding) to `update_rows`, coalesced first; `gradient_kinds` says which an optimizer has.
+A row rule reads and writes through the same `read`/`write` calls as a dense one, which then
+read and write the gradient's rows of the parameter and of each state (take_rows, and an
+assign of those rows), so a rule that holds for every element serves both kinds.
 
 Scalar math (bias corrections, step sizes) is done in f64, as torch does it with Python
 floats, and each result is cast once to the dtype the update is computed in, where it meets
@@ -29,6 +37,7 @@ no Python branch on a traced value and one compiled step for both outcomes.
 """
 from __future__ import annotations
 
+import dataclasses
 import functools
 import itertools
 import math
@@ -42,14 +51,16 @@ from ..compile import aliasing
 from ..errors import CheckpointError, OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.hypermap import MapUnsupported, hypermap
+from ..frontend.rows import Rows
 from ..frontend.tensor import Tensor
 from ..frontend.traces import current_trace, user_location
-from ..ir.types import DType, TensorType, bf16, bool_, f16, f32, f64, to_dtype
+from ..ir.types import DType, RowsType, TensorType, bf16, bool_, f16, f32, f64, to_dtype
 from .arguments import CheckedArguments
 from .groups import Option, ParamGroup, as_group_dicts, check_parameters, flag
 from .rules import l2_norm
 
 LOW_PRECISION = (f16, bf16)
+DENSE, ROWS = "dense", "rows"  # the kinds of gradient an update rule takes
 
 
 @dataclass
@@ -63,6 +74,8 @@ class Slot:
             master weights, else its own).
         state_dtype: the dtype its state is stored in.
         state: its state Parameters by key ("exp_avg", ..., and "master").
+        rows: for a row rule (`update_rows`), the coalesced row gradient of this step: the
+            rule then reads and writes those rows only. None for a dense rule.
     """
 
     param: Parameter
@@ -70,20 +83,26 @@ class Slot:
     compute: DType  # the dtype its update is computed in
     state_dtype: DType  # the dtype its state is stored in
     state: dict[str, Parameter] = field(default_factory=dict)  # by key: "exp_avg", "master"
+    rows: Rows | None = None
 
     @property
     def master(self) -> Parameter | None:
         return self.state.get("master")
 
+    def part(self, p: Parameter) -> Tensor:
+        """p (the parameter, its master copy or a state) as the update reads it: whole, or
+        the rows of the row gradient (`take_rows`)."""
+        return p if self.rows is None else ops.take_rows(p, self.rows)
+
     def current(self) -> Tensor:
         """The parameter's value as the update reads it (a ZeRO shard reads its part of
         the flat parameters instead)."""
-        return self.param
+        return self.part(self.param)
 
     def commit(self, opt: Optimizer, value: Tensor) -> None:
         """Store the parameter's new value, rounded to its dtype (where the step's `where=`
         holds)."""
-        opt._write(self.param, as_dtype(value, self.param.dtype))
+        opt._write(self.param, as_dtype(value, self.param.dtype), self.rows)
 
     def norm(self, x: Tensor) -> Tensor:
         """The L2 norm of `x`, a tensor of this parameter's shape (LAMB's trust ratio).
@@ -167,6 +186,8 @@ class Optimizer(metaclass=CheckedArguments):
     """
 
     options: ClassVar[dict[str, Option]] = {}
+    # The kinds of gradient it has a rule for: "dense" (`update`), "rows" (`update_rows`).
+    gradient_kinds: ClassVar[tuple[str, ...]] = (DENSE,)
 
     def __init__(self, params: Any, defaults: dict[str, Any], *, name: str = "opt",
                  state_dtype: Any = None, master_weights: bool = True):
@@ -243,6 +264,27 @@ class Optimizer(metaclass=CheckedArguments):
         """
         raise NotImplementedError
 
+    def update_rows(self, slot: Slot, g: Tensor, c: Scalars) -> None:
+        """The update rule for a row gradient (optimizers with "rows" in `gradient_kinds`):
+        like `update`, on the rows the gradient touches. `read`, `read_state` give those
+        rows of the parameter and of its state, `write`, `write_state` store them; the other
+        rows are left as they are.
+
+        Args:
+            slot: the parameter, with `slot.rows` the coalesced row gradient (unique
+                indices; its no-row entries are read as zeros and never written).
+            g: the gradient's values, [K, *param.shape[1:]], in the compute dtype (negated
+                when the group maximizes).
+            c: the group's `scalars`, cast to the compute dtype.
+        """
+        raise NotImplementedError
+
+    def densifies_rows(self, slot: Slot) -> bool:
+        """Whether a row gradient of this parameter is made dense and given to `update`
+        (SGD with momentum: its buffer moves every row, as torch's does). The base class:
+        never."""
+        return False
+
     def check_group(self, group: ParamGroup, new: dict[str, Any],
                     old: dict[str, Any] | None) -> None:
         """Check a group's hyper-parameters together (each one's range is checked
@@ -274,13 +316,15 @@ class Optimizer(metaclass=CheckedArguments):
         Args:
             grads: one gradient per parameter, in the order of `self.params`, or a dict by
                 parameter name; each of the parameter's shape, and of its dtype (or f32 for
-                an f16/bf16 parameter).
+                an f16/bf16 parameter): a dense tensor, or a row gradient (`Rows`) where the
+                optimizer has a row rule (`gradient_kinds`).
             where: None, or a bool scalar (a Python bool or a tensor): where it is false,
                 the step changes nothing, not even the step count.
 
         Raises:
-            OptimizerError: a gradient missing, extra, or of the wrong shape or dtype, or a
-                `where` that is not a bool scalar; raised before anything changes.
+            OptimizerError: a gradient missing, extra, or of the wrong shape or dtype, of a
+                kind the optimizer has no rule for, or a `where` that is not a bool scalar;
+                raised before anything changes.
         """
         grads = self.check_grads(grads)
         apply = check_condition(where, f"{type(self).__name__}.step")
@@ -304,11 +348,13 @@ class Optimizer(metaclass=CheckedArguments):
                     continue
                 casts: dict[DType, Scalars] = {}
                 for batch in self._batches(group):
-                    if self._map(batch, values, by_param):
-                        continue
+                    rows = [s for s in batch if isinstance(by_param[s.param.name], Rows)]
+                    dense = [s for s in batch if not isinstance(by_param[s.param.name], Rows)]
+                    if self._map(dense, values, by_param):
+                        batch = rows  # (the dense ones are updated)
                     for slot in batch:
                         c = casts.setdefault(slot.compute, Scalars(values, slot.compute))
-                        self.update(slot, self._gradient(slot, by_param[slot.param.name]), c)
+                        self._update(slot, by_param[slot.param.name], c)
             self._write(self.step_count, new_count)
         finally:
             self._apply = None
@@ -344,6 +390,16 @@ class Optimizer(metaclass=CheckedArguments):
             return False
         return True
 
+    def _update(self, slot: Slot, g: Any, c: Scalars) -> None:
+        """The rule for the kind of gradient g is: `update_rows` on the coalesced rows of a
+        row gradient (unless the parameter `densifies_rows`), else `update`."""
+        if isinstance(g, Rows) and not self.densifies_rows(slot):
+            rows = g if g.unique else ops.coalesce(g)
+            slot = dataclasses.replace(slot, rows=rows)
+            self.update_rows(slot, self._gradient(slot, rows.values), c)
+        else:
+            self.update(slot, self._gradient(slot, g.dense() if isinstance(g, Rows) else g), c)
+
     def _gradient(self, slot: Slot, g: Any) -> Tensor:
         g = as_dtype(g, slot.compute)
         return -g if slot.group.flag("maximize") else g
@@ -358,33 +414,37 @@ class Optimizer(metaclass=CheckedArguments):
         `assign` in another step, a checkpoint of the weights alone), the parameter no longer
         equals round(master), and the master is re-seeded from it: `where` per element, in
         the update's kernel (2 bytes more read per element), never a lost write."""
-        master, p = slot.master, slot.current()
-        if master is None:
+        p = slot.current()
+        if slot.master is None:
             return p
+        master = slot.part(slot.master)
         return ops.where(as_dtype(master, p.dtype) == p, master, as_dtype(p, master.dtype))
 
     def write(self, slot: Slot, value: Tensor) -> None:
         """Store the new parameter value (and the master copy, which keeps it unrounded),
         only where the step's `where=` holds."""
         if slot.master is not None:
-            self._write(slot.master, value)
+            self._write(slot.master, value, slot.rows)
         slot.commit(self, value)
 
     def read_state(self, slot: Slot, key: str) -> Tensor:
         """The parameter's state tensor `key` ("exp_avg", ...) in its compute dtype (a cast
-        where the state is stored narrower, as with state_dtype=bf16)."""
-        return as_dtype(slot.state[key], slot.compute)
+        where the state is stored narrower, as with state_dtype=bf16); under a row rule,
+        its rows."""
+        return as_dtype(slot.part(slot.state[key]), slot.compute)
 
     def write_state(self, slot: Slot, key: str, value: Tensor) -> None:
         """Store the new value of the state tensor `key`, rounded to its stored dtype (and
-        only where the step's `where=` holds)."""
+        only where the step's `where=` holds); under a row rule, its rows."""
         p = slot.state[key]
-        self._write(p, as_dtype(value, p.dtype))
+        self._write(p, as_dtype(value, p.dtype), slot.rows)
 
-    def _write(self, target: Parameter, value: Any) -> None:
+    def _write(self, target: Parameter, value: Any, rows: Rows | None = None) -> None:
+        """assign(target, value); with `rows`, value is those rows of target."""
         if self._apply is not None:
-            value = ops.where(self._apply, value, target)
-        assign(target, value)
+            value = ops.where(self._apply, value,
+                              target if rows is None else ops.take_rows(target, rows))
+        assign(target, value if rows is None else ops.with_values(rows, value))
 
     # -- checking input --------------------------------------------------------------------
     def check_grads(self, grads: Sequence[Any] | Mapping[str, Any]) -> list[Any]:
@@ -417,6 +477,7 @@ class Optimizer(metaclass=CheckedArguments):
                                      f"parameters ({more})")
         for slot, g in zip(self._slots, grads):
             t = _type_of(g)
+            self._check_kind(slot, t)
             # f32 gradients of f16/bf16 parameters are welcome (graphopt.amp unscales into
             # f32); they are rounded to the compute dtype if it is narrower.
             p = slot.param.type
@@ -435,6 +496,21 @@ class Optimizer(metaclass=CheckedArguments):
                 aliasing.check_arguments(exposed, grads, names, f"{kind}.step: the gradient "
                                                                 f"of '{{}}'")
         return grads
+
+    def _check_kind(self, slot: Slot, t: TensorType | RowsType | None) -> None:
+        """An OptimizerError if the optimizer has no rule for this kind of gradient."""
+        rows = isinstance(t, RowsType)
+        if (ROWS if rows else DENSE) in self.gradient_kinds or t is None:
+            return
+        kind, name = type(self).__name__, slot.param.name
+        if rows:
+            raise OptimizerError(f"{kind}.step: the gradient of '{name}' is a row gradient "
+                                 f"({t}); {kind} takes dense gradients only. Optimizers that "
+                                 f"take row gradients: {', '.join(row_optimizers())}; or "
+                                 f"pass the dense gradient, g.dense()")
+        raise OptimizerError(f"{kind}.step: the gradient of '{name}' is dense ({t}); {kind} "
+                             f"takes row gradients only (ops.embedding(..., sparse=True) "
+                             f"gives them); for dense gradients use Adam or LazyAdam")
 
     # -- state: creation, listing, saving --------------------------------------------------
     def _make_slot(self, p: Parameter, group: ParamGroup) -> Slot:
@@ -563,8 +639,19 @@ def check_condition(where: Any, what: str) -> Any:
     return where
 
 
-def _type_of(x: Any) -> TensorType | None:
-    if isinstance(x, Tensor):
+def row_optimizers() -> list[str]:
+    """The names of graphopt's optimizers that take row gradients, sorted."""
+    found, todo = set(), [Optimizer]
+    while todo:
+        cls = todo.pop()
+        todo += cls.__subclasses__()
+        if ROWS in cls.gradient_kinds and cls.__module__.startswith("graphopt.optim"):
+            found.add(cls.__name__)
+    return sorted(found)
+
+
+def _type_of(x: Any) -> TensorType | RowsType | None:
+    if isinstance(x, (Tensor, Rows)):
         return x.type
     if isinstance(x, (np.ndarray, np.generic)):
         try:

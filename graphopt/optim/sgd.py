@@ -6,7 +6,7 @@ from typing import Any
 from .. import ops
 from ..errors import OptimizerError
 from .groups import ParamGroup, flag, nonneg, real
-from .optimizer import COMMON_OPTIONS, Hyper, Optimizer, Scalars, Slot
+from .optimizer import COMMON_OPTIONS, DENSE, ROWS, Hyper, Optimizer, Scalars, Slot
 from .rules import decay_scalars, weight_decay
 
 
@@ -30,10 +30,16 @@ class SGD(Optimizer):
 
     State: `<param>.momentum_buffer` when momentum ≠ 0 (at construction).
     Other keyword arguments (name, state_dtype, master_weights): see `Optimizer`.
+
+    A row gradient, without momentum, updates the rows it touches (coalesced; torch adds
+    repeated rows one by one, and refuses weight decay, which graphopt adds on those rows).
+    With momentum it is made dense first: the buffer moves every row it ever saw at every
+    step, as torch's sparse buffer does, so the step reads and writes the whole table.
     """
 
     options = {"lr": nonneg(), "momentum": nonneg(), "dampening": real(),
                "weight_decay": nonneg(), "nesterov": flag(), **COMMON_OPTIONS}
+    gradient_kinds = (DENSE, ROWS)
 
     def __init__(self, params: Any, lr: Any = 1e-3, momentum: float = 0.0,
                  dampening: float = 0.0, weight_decay: float = 0.0, nesterov: bool = False,
@@ -67,3 +73,8 @@ class SGD(Optimizer):
             self.write_state(s, "momentum_buffer", buf)
             g = g + c.momentum * buf if s.group.flag("nesterov") else buf
         self.write(s, p - c.lr * g)
+
+    update_rows = update  # (without momentum: densifies_rows holds with one)
+
+    def densifies_rows(self, slot: Slot) -> bool:
+        return "momentum_buffer" in slot.state

@@ -5,7 +5,8 @@ a numpy node whose op writes into an array: matmul, reductions, ufuncs) gets a p
 arena, allocated when the program is made and reused by every step. Values whose lifetimes
 do not overlap share bytes. A lifetime runs from the node that makes the value to its last
 reader in the schedule, inclusive at both ends (a node never writes over what it reads);
-a view extends its base's lifetime to its own last reader, since it is the same memory; the
+a view extends its base's lifetime to its own last reader, since it is the same memory (so
+does a row gradient its values', OpDef.aliases); the
 step's results, and the values assigns give parameters, live to its end (the Executable
 copies results out, and commits assigned values, after the whole step has run).
 
@@ -54,7 +55,7 @@ def lifetimes(nodes: Sequence[Node], reads: Callable[[Node], Collection[Value]],
     for i in reversed(range(len(nodes))):
         n = nodes[i]
         until = i
-        if n.body is None and n.opdef.view is not None:
+        if n.body is None and (n.opdef.view is not None or n.opdef.aliases):
             until = max([i, *(last.get(v, i) for v in n.outputs)])
         elif n.body is None and n.opdef.has_effect:  # an assign's value is committed after
             until = len(nodes)                       # the step: it lives to the end
