@@ -39,7 +39,7 @@ NOT_DIFFERENTIABLE = frozenset({
     "isfinite", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
     "logical_and", "logical_or", "logical_not", "constant", "assign", "kernel", "store",
     "broadcast", "shard",
-    "rows", "rows_indices", "rows_values", "with_values", "coalesce",
+    "row_kernel", "rows", "rows_indices", "rows_values", "with_values", "coalesce",
     "densify", "take_rows", "put_rows"})
 
 # Why a gradient cannot go through an op of NOT_DIFFERENTIABLE, where the op's kind does not

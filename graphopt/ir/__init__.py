@@ -1,5 +1,6 @@
 """The IR: types, the op registry, Graph/Node/Value, text form, verifier, exports."""
 from . import kernel as _kernel  # noqa: F401  (kernel and store)
+from . import rowkernel as _rowkernel  # noqa: F401  (row_kernel)
 from . import opdefs as _opdefs  # noqa: F401  (fills the registry)
 from . import collectives as _collectives  # noqa: F401  (and the collectives)
 from .graph import Graph, Location, Node, Value

@@ -108,21 +108,24 @@ register(OpDef("kernel", KERNEL, _kernel_infer, attrs=("spaces", "outputs", "sha
 
 @dataclass(frozen=True)
 class Layout:
-    """How a kernel node's operands and outputs map onto its body, instance by instance."""
+    """How a kernel node's operands and outputs map onto its body, instance by instance.
+    `lead`: operands before the body's (a row kernel's rows, one per instance)."""
 
     instances: int
     body_inputs: int
     shared: tuple[int, ...]
     body_outputs: int
     has_token: bool
+    lead: int = 0
     per_instance: tuple[int, ...] = ()  # the body inputs that are not shared, in order
     _slot: dict[int, int] = field(default_factory=dict, repr=False)  # body input -> position
 
     def __post_init__(self) -> None:
         per = tuple(i for i in range(self.body_inputs) if i not in self.shared)
         object.__setattr__(self, "per_instance", per)
-        slot = {j: k for k, j in enumerate(per)}
-        slot.update({j: self.instances * len(per) + k for k, j in enumerate(self.shared)})
+        slot = {j: self.lead + k for k, j in enumerate(per)}
+        slot.update({j: self.lead + self.instances * len(per) + k
+                     for k, j in enumerate(self.shared)})
         object.__setattr__(self, "_slot", slot)
 
     def operand_index(self, instance: int, body_input: int) -> int:
@@ -134,11 +137,15 @@ class Layout:
         return instance * self.body_outputs + body_output
 
 
+ROW_KERNEL = "row_kernel"  # (ir/rowkernel.py): one rows operand per instance, then a kernel's
+
+
 def layout(node: Node) -> Layout:
     body = node.body
     assert body is not None
-    return Layout(len(node.attrs["spaces"]), len(body.inputs), tuple(node.attrs["shared"]),
-                  len(body.outputs), bool(body.effects))
+    spaces = len(node.attrs["spaces"])
+    return Layout(spaces, len(body.inputs), tuple(node.attrs["shared"]), len(body.outputs),
+                  bool(body.effects), spaces if node.op == ROW_KERNEL else 0)
 
 
 def columns(node: Node, lay: Layout | None = None) -> list[list[Value]]:
@@ -146,7 +153,8 @@ def columns(node: Node, lay: Layout | None = None) -> list[list[Value]]:
     repeated). Slices, not a walk: a multi-tensor kernel has thousands of instances."""
     lay = lay or layout(node)
     n, per, ins = lay.instances, len(lay.per_instance), node.inputs
-    return [[ins[lay._slot[j]]] * n if j in lay.shared else ins[lay._slot[j]:n * per:per]
+    end = lay.lead + n * per
+    return [[ins[lay._slot[j]]] * n if j in lay.shared else ins[lay._slot[j]:end:per]
             for j in range(lay.body_inputs)]
 
 
@@ -176,6 +184,9 @@ def infer_types(node: Node) -> list[Type]:
     """A node's output types: from the op's type rule, or, for a kernel, from its body."""
     if node.body is None:
         return get_op(node.op).infer([v.type for v in node.inputs], node.attrs)
+    if node.op == ROW_KERNEL:
+        from .rowkernel import row_types
+        return row_types(node)
     body, attrs = node.body, node.attrs
     lay = layout(node)
     if not lay.instances:
@@ -265,7 +276,10 @@ def run(node: Node, arrays: Sequence[np.ndarray],
     The body runs on whole arrays at once, each op with the same numpy function as the
     unfused node (registry.evaluate_element), so a kernel gives the unfused graph's results
     bit for bit. `body_node(n, arrays)` runs one body node so: the caller's, which reports
-    numpy's errors as the node's."""
+    numpy's errors as the node's. A row kernel's stores are the rows it writes (RowsArray)."""
+    if node.op == ROW_KERNEL:
+        from .rowkernel import run_rows
+        return run_rows(node, arrays, body_node)
     body = node.body
     lay = layout(node)
     outputs: list[np.ndarray] = []
@@ -320,9 +334,12 @@ class KernelCost:
 
 def cost(node: Node) -> KernelCost:
     """Each operand the body reads is read once; each stored parameter and mapped output is
-    written once; nothing in between touches memory (that is what fusion buys)."""
+    written once; nothing in between touches memory (that is what fusion buys). A row
+    kernel's elements are its rows' (K·D): it reads and writes K rows of each table (its
+    `indexed` operands) and its K indices once, whatever the tables' size."""
     body = node.body
     lay = layout(node)
+    indexed = set(node.attrs.get("indexed", ()))
     targets = {j for j, _ in stores(body)}
     read_in_body = {v for n in body.nodes if n.op != "store" for v in n.inputs}
     read_in_body |= set(body.outputs)
@@ -333,16 +350,17 @@ def cost(node: Node) -> KernelCost:
         if j in lay.shared:
             column = column[:1]  # read once, as instance 0 reads it
         shapes = list(map(_SHAPE, map(_TYPE, column)))
-        if shapes[0] == spaces[0]:  # per-element rates: every instance has the same ones
+        if j in indexed or shapes[0] == spaces[0]:  # per-element rates: alike in all instances
             read += x.dtype.itemsize if x in read_in_body else 0
             write += x.dtype.itemsize if j in targets else 0
-        if x in read_in_body and shapes != spaces[:len(shapes)]:
+        if j not in indexed and x in read_in_body and shapes != spaces[:len(shapes)]:
             fixed += sum(v.type.nbytes for v, shape, space in zip(column, shapes, spaces)
                          if shape != space)
-    for kind, r in zip(node.attrs["outputs"], body.outputs):
+    for kind, r in zip(node.attrs.get("outputs", ()), body.outputs):
         if kind == "map":
             write += r.dtype.itemsize
         else:
             reduced += r.dtype.itemsize * sum(math.prod(reduced_shape(kind, space))
                                               for space in spaces)
-    return KernelCost(read, write, fixed + reduced, elements, reduced)
+    indices = sum(v.type.indices_type.nbytes for v in node.inputs[:lay.lead])
+    return KernelCost(read, write, fixed + reduced + indices, elements, reduced)

@@ -634,31 +634,32 @@ def _halves_in_f32(values: np.ndarray) -> np.ndarray:
 def _coalesce(r: RowsArray) -> RowsArray:
     """Sorted distinct indices first, each row's values the sum of its duplicates in the
     order they come (f16 and bf16 summed in f32, rounded once), then the no-row index with
-    zeros: K rows still. Vectorized: a stable sort, then one addition per duplicate rank."""
+    zeros: K rows still. Vectorized: a stable sort, each row's first values gathered into
+    place, then one addition per duplicate rank (numpy's add.at past a few)."""
     idx, values, n = r
     order = np.argsort(idx, kind="stable")
     ranked = idx[order]
     valid = int(np.searchsorted(ranked, n))  # the no-row index sorts last
-    ranked, order = ranked[:valid], order[:valid]
+    ranked = ranked[:valid]
+    first = np.ones(valid, bool)
+    np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+    starts = np.flatnonzero(first)
+    rows = len(starts)
     out_idx = np.full(idx.shape, n, np.int64)
-    out = np.zeros(values.shape, _halves_in_f32(values[:0]).dtype)
-    if valid:
-        first = np.empty(valid, bool)
-        first[0] = True
-        np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
-        starts = np.flatnonzero(first)
+    out_idx[:rows] = ranked[starts]
+    out = np.empty(values.shape, np.float32 if values.dtype in _HALVES else values.dtype)
+    out[rows:] = 0
+    out[:rows] = values[order[starts]]
+    if rows < valid:  # repeated rows: add the later ones, rank by rank, in order
         segment = np.cumsum(first) - 1
-        out_idx[:len(starts)] = ranked[starts]
-        ordered = _halves_in_f32(values[order])
-        out[:len(starts)] = ordered[starts]
         rank = np.arange(valid) - starts[segment]  # a duplicate's place among its row's
         later = np.flatnonzero(rank)
-        if later.size and int(rank.max()) <= _RANKS_BY_LOOP:
-            for k in range(1, int(rank.max()) + 1):  # rows of one rank are distinct
+        if int(rank.max()) <= _RANKS_BY_LOOP:
+            for k in range(1, int(rank.max()) + 1):  # the rows of one rank are distinct
                 at = later[rank[later] == k]
-                out[segment[at]] += ordered[at]
-        elif later.size:  # many duplicates of a row: numpy's unbuffered add, in order too
-            np.add.at(out, segment[later], ordered[later])
+                out[segment[at]] += values[order[at]]
+        else:  # many duplicates of a row: numpy's unbuffered add, in order too
+            np.add.at(out, segment[later], values[order[later]].astype(out.dtype))
     return RowsArray(out_idx, out.astype(values.dtype, copy=False), n)
 
 

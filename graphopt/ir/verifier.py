@@ -44,7 +44,7 @@ from .analysis import live_nodes, producers, unordered_readers
 from .graph import Graph, Node, Value
 from .kernel import infer_types, stores, written
 from .printer import Namer, format_node, value_names
-from .registry import CONSTANT, ELEMENTWISE, REGISTRY, check_attr_kinds, check_attrs
+from .registry import CONSTANT, ELEMENTWISE, KERNEL, REGISTRY, check_attr_kinds, check_attrs
 from .types import RowsType, TensorType, TokenType, Type, shape_problem
 from .uses import Operands
 
@@ -144,7 +144,7 @@ def _check_node(node: Node, fail: Fail, region: bool) -> None:
         check_attr_kinds(op, node.attrs)
     except GraphoptError as e:
         fail("attr-kind", node, e.message)
-    if (node.body is None) != (node.op != "kernel"):
+    if (node.body is None) != (op.category != KERNEL):
         fail("kernel-body", node, "a kernel node needs a body, and only a kernel has one")
     if node.op == "store" and not region:
         fail("kernel-body", node, "store is only allowed inside a kernel body (use assign)")

@@ -1,14 +1,16 @@
 """hfuse: horizontal (multi-tensor) fusion: kernels with one body become one kernel.
 
 An optimizer applies the same update rule to every parameter, so after `fuse` there is one
-kernel per parameter, all with the same body. `hfuse` maps that body over all of them in one
+kernel per parameter, all with the same body (and after `rowfuse`, one row kernel per
+embedding table). `hfuse` maps that body over all of them in one
 multi-tensor kernel (MindSpore's HyperMap): one body to compile, one call to run, however many
 parameters. Kernels are combined when
   - their bodies print the same (same ops, attributes, dtypes, constants) and their outputs
     are of the same kinds;
   - every operand either streams (has exactly the kernel's iteration space: one tensor per
-    instance) or is a scalar that all of them share (a learning rate, a bias correction);
-    sizes may differ from one instance to the next;
+    instance; a row kernel's tables, read at its rows, too) or is a scalar that all of them
+    share (a learning rate, a bias correction); sizes may differ from one instance to the
+    next;
   - none has a reduction over leading axes ("sum@k": its result's shape would differ from
     one instance to the next);
   - no kernel depends on another of the group (that would need two passes, not one).
@@ -32,16 +34,18 @@ from .manager import PassContext, register
 
 def signature(k: Node) -> tuple | None:
     """What kernels must share to be one multi-tensor kernel; None if k cannot take part."""
-    if len(k.attrs["spaces"]) != 1 or any("@" in kind for kind in k.attrs["outputs"]):
+    outputs = tuple(k.attrs.get("outputs", ()))  # (a row kernel has none: it only stores)
+    if len(k.attrs["spaces"]) != 1 or any("@" in kind for kind in outputs):
         return None  # (a leading-axes reduction's shape would differ per instance)
     space = tuple(k.attrs["spaces"][0])
+    indexed = tuple(k.attrs.get("indexed", ()))  # a row kernel's tables: read at its rows
     shared = []
-    for j, v in enumerate(k.inputs):
+    for j, v in enumerate(k.inputs[layout(k).lead:]):
         if v.shape == () and space != ():
             shared.append((j, id(v)))  # the same scalar for every instance
-        elif v.shape != space:
+        elif v.shape != space and j not in indexed:
             return None  # a broadcast operand: its layout would differ per instance
-    return (body_key(k.body), tuple(k.attrs["outputs"]), tuple(shared), space == ())
+    return ((k.op, body_key(k.body), indexed), outputs, tuple(shared), space == ())
 
 
 def body_key(body: Graph) -> tuple:
@@ -123,7 +127,7 @@ def _refuse_other_scalars(buckets: dict[tuple, list[Group]], ctx: PassContext,
     first_of_body: dict[tuple, Node] = {}
     for sig, groups in buckets.items():
         k = groups[0].members[0]
-        first = first_of_body.setdefault((sig[0], sig[1], sig[3]), k)
+        first = first_of_body.setdefault((sig[0], sig[1], sig[3]), k)  # (not the scalars)
         if first is not k:
             ctx.refuse(f"{names()[k.outputs[0]]} = kernel",
                        f"not mapped with the kernel of {names()[first.outputs[0]]}: the same "
@@ -137,15 +141,18 @@ def _scalars(k: Node, names: dict[Value, str]) -> str:
 
 def _combine(bundle: list[Node]) -> Node:
     first = bundle[0]
+    lead = layout(first).lead  # a row kernel's rows: each instance's first
     space = tuple(first.attrs["spaces"][0])
-    shared = [j for j, v in enumerate(first.inputs) if v.shape == () and space != ()]
-    per = [j for j in range(len(first.inputs)) if j not in shared]
-    inputs = [k.inputs[j] for k in bundle for j in per] + [first.inputs[j] for j in shared]
+    operands = first.inputs[lead:]
+    shared = [j for j, v in enumerate(operands) if v.shape == () and space != ()]
+    per = [j for j in range(len(operands)) if j not in shared]
+    inputs = [k.inputs[j] for k in bundle for j in range(lead)] + \
+        [k.inputs[lead + j] for k in bundle for j in per] + [operands[j] for j in shared]
     after: list[Value] = []
     for k in bundle:
         after += [v for v in k.after if v not in after]
-    attrs = {"spaces": [list(k.attrs["spaces"][0]) for k in bundle],
-             "outputs": list(first.attrs["outputs"]), "shared": shared}
-    node = Node("kernel", inputs, attrs, [], after, body=first.body)
+    attrs = {**first.attrs, "spaces": [list(k.attrs["spaces"][0]) for k in bundle],
+             "shared": shared}
+    node = Node(first.op, inputs, attrs, [], after, body=first.body)
     node.outputs = [Value(t, node, i) for i, t in enumerate(infer_types(node))]
     return node

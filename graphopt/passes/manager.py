@@ -24,7 +24,8 @@ from ..ir.graph import Graph, Location
 from ..ir.verifier import verify
 from .cost import graph_bytes
 
-DEFAULT_PIPELINE = ("dce", "cse", "fold", "simplify", "cse", "dce", "fuse", "hfuse", "dce")
+DEFAULT_PIPELINE = ("dce", "cse", "fold", "simplify", "cse", "dce", "fuse", "rowfuse", "hfuse",
+                    "dce")
 
 
 class PassError(GraphoptError):

@@ -14,7 +14,7 @@ from typing import Mapping, NamedTuple
 
 from ...errors import LoweringError
 from ...ir.graph import Node
-from ...ir.kernel import columns, instance_rows, layout, reduced_shape
+from ...ir.kernel import ROW_KERNEL, columns, instance_rows, layout, reduced_shape
 from ...ir.printer import format_graph
 from ...ir.types import contiguous_strides
 
@@ -140,6 +140,8 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None,
     """The kernel's calling convention and iteration plan; `text`: its canonical_text, when
     the caller has it already; `strided`: the operands read as views (one instance only)."""
     lay = layout(node)
+    if node.op == ROW_KERNEL:
+        return _named(node, fastmath, text, strided, _row_instances(node, lay), 0, (), (), lay)
     kinds = list(node.attrs["outputs"])
     n_maps = kinds.count("map")
     reduced = [k for k in kinds if k != "map"]
@@ -176,11 +178,39 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None,
         if leading:
             block_units = max(block_units, BLOCK_ROWS)
         instances.append(Instance(dims, tuple(strides), 0, block_units, 0))
-    # The function's name says what it computes: the same name is the same code.
+    return _named(node, fastmath, text, strided, instances, n_maps, tuple(reduced), widths, lay)
+
+
+def _named(node: Node, fastmath: bool, text: str | None, strided: Strided,
+           instances: list[Instance], n_maps: int, reduced: tuple[str, ...],
+           widths: tuple[int, ...], lay) -> KernelABI:
+    """The ABI, named by what the function computes: the same name is the same code."""
     text = canonical_text(node, strided) if text is None else text
     digest = hashlib.sha256((text + flags(fastmath)).encode()).hexdigest()[:16]
-    return KernelABI(f"kernel_{digest}", tuple(instances), n_maps,
-                     tuple(reduced), lay.has_token, widths)
+    return KernelABI(f"kernel_{digest}", tuple(instances), n_maps, reduced, lay.has_token,
+                     widths)
+
+
+def _row_instances(node: Node, lay) -> list[Instance]:
+    """A row kernel's instances: K units (rows) of D elements each (the row's size). A body
+    input streams (stride 1: its row k, or, indexed, its table's row indices[k]) or is a
+    scalar (0); an operand that broadcasts otherwise has no code path (numpy runs it)."""
+    indexed, instances, offset = set(node.attrs["indexed"]), [], 0
+    for space, row in zip(node.attrs["spaces"], instance_rows(node, lay)):
+        space = tuple(space)
+        strides = []
+        for j, v in enumerate(row):
+            if j in indexed or v.type.shape == space:
+                strides.append((1,))
+            elif math.prod(v.type.shape) == 1:
+                strides.append((0,))
+            else:
+                raise LoweringError(f"a row kernel's operand {v.type} broadcasts over its rows "
+                                    f"{list(space)}: a row kernel streams or reads scalars")
+        instances.append(Instance((space[0], math.prod(space[1:])), tuple(strides), offset,
+                                  max(1, space[0]), 0))
+        offset += space[0]
+    return instances
 
 
 def canonical_text(node: Node, strided: Strided = {}) -> str:
@@ -198,6 +228,11 @@ def canonical_text(node: Node, strided: Strided = {}) -> str:
                     if v.type.shape != space]
     shared = [f"{cols[j][0].type}" for j in lay.shared]
     views = f"views={dict(sorted(strided.items()))}\n" if strided else ""
-    return (f"kernel outputs={node.attrs['outputs']} shared={list(lay.shared)}:{shared} "
+    if node.op == ROW_KERNEL:  # its rows (K and N) and the operands read at their indices
+        rows = [str(v.type) for v in node.inputs[:lay.lead]]
+        head = f"row_kernel indexed={list(node.attrs['indexed'])} rows={rows}"
+    else:
+        head = f"kernel outputs={node.attrs['outputs']}"
+    return (f"{head} shared={list(lay.shared)}:{shared} "
             f"instances={lay.instances}\nspaces={spaces}\nother shapes={odd}\n"
             f"{views}{format_graph(node.body)}")

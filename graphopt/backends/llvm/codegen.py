@@ -29,7 +29,7 @@ from llvmlite import ir
 
 from ...errors import LoweringError
 from ...ir.graph import Node, Value
-from ...ir.kernel import layout, split_kind, stores
+from ...ir.kernel import ROW_KERNEL, layout, split_kind, stores
 from ...ir.types import TensorType
 from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, Emitter, compute_type, storage_type
@@ -215,7 +215,9 @@ class _Builder:
     def _reduced_outputs(self) -> list[int]:
         return [k for k, kind in enumerate(self.node.attrs["outputs"]) if kind != "map"]
 
-    def instance(self, i, offset, units, block_offset, shape: Instance) -> None:
+    def in_range(self, i, offset, units, work) -> None:
+        """work(start, end) over the units of instance i that fall in [lo, hi), with its
+        pointers loaded; nothing if none does."""
         b = self.b
         start = self.smax(b.sub(self.lo, offset), self.i64(0))
         end = self.smin(b.sub(self.hi, offset), units)
@@ -224,6 +226,16 @@ class _Builder:
         b.cbranch(b.icmp_signed("<", start, end), body, after)
         b.position_at_end(body)
         self.pointers(i)
+        work(start, end)
+        b.branch(after)
+        b.position_at_end(after)
+
+    def instance(self, i, offset, units, block_offset, shape: Instance) -> None:
+        self.in_range(i, offset, units,
+                      lambda start, end: self.units(start, end, block_offset, shape))
+
+    def units(self, start, end, block_offset, shape: Instance) -> None:
+        b = self.b
         if self.abi.reductions:
             bu = self.i64(shape.block_units)
             first_block = b.sdiv(start, bu)  # the runtime splits at block edges only
@@ -259,8 +271,6 @@ class _Builder:
             self.loop(self.i64(0), nblocks, block, "block")
         else:
             self.loop(start, end, lambda u: self.unit(u, shape), "unit")
-        b.branch(after)
-        b.position_at_end(after)
 
     def smax(self, x, y):
         return self.b.select(self.b.icmp_signed(">", x, y), x, y)
@@ -276,11 +286,12 @@ class _Builder:
         self.ptrs: list[ir.Value] = []
         for j in range(lay.body_inputs):
             if j in lay.shared:
-                index = self.i64(lay.instances * per + lay.shared.index(j))
+                index = self.i64(lay.lead + lay.instances * per + lay.shared.index(j))
             else:
-                index = b.add(b.mul(i, self.i64(per)), self.i64(lay.per_instance.index(j)))
+                index = b.add(b.mul(i, self.i64(per)),
+                              self.i64(lay.lead + lay.per_instance.index(j)))
             self.ptrs.append(self.arg_ptr(index))
-        base = lay.instances * per + len(lay.shared)
+        base = lay.lead + lay.instances * per + len(lay.shared)
         for m in range(abi.n_maps):
             index = b.add(self.i64(base + m), b.mul(i, self.i64(abi.n_maps)))
             self.ptrs.append(self.arg_ptr(index))
@@ -315,20 +326,7 @@ class _Builder:
     def element(self, idx: list[ir.Value]) -> None:
         body, e = self.node.body, self.e
         strides = self.abi.instances[0].strides
-        env: dict[Value, ir.Value] = {}
-        for j, x in enumerate(body.inputs):
-            env[x] = self.scalars[j] if j in self.scalars else \
-                e.load(self.ptrs[j], self.offset(strides[j], idx), x.dtype)
-        writes = []
-        for n in body.nodes:
-            if n.op == "constant":
-                env[n.out] = e.const(n.attrs["value"], n.out.dtype)
-            elif n.op == "store":
-                writes.append((body.inputs.index(n.inputs[0]), env[n.inputs[1]]))
-            else:
-                env[n.out] = self.lower(n, env)
-        for j, v in writes:
-            e.store(v, self.ptrs[j], self.offset(strides[j], idx), body.inputs[j].dtype)
+        env = self.body_values(lambda j: self.offset(strides[j], idx))
         maps = [k for k, kind in enumerate(self.node.attrs["outputs"]) if kind == "map"]
         for m, k in enumerate(maps):
             out = body.outputs[k]
@@ -349,6 +347,27 @@ class _Builder:
                 continue
             acc = b.load(self.accs[r], typ=self.accs[r].allocated_type)
             b.store(self.combine(kind, acc, env[body.outputs[k]]), self.accs[r])
+
+    def body_values(self, offset) -> dict[Value, ir.Value]:
+        """The body at one element: body input j loaded at `offset(j)` of its pointer (a
+        scalar's value as loaded once), its nodes lowered, its stores written at the offsets
+        they load from. Each body value's LLVM value."""
+        body, e = self.node.body, self.e
+        env: dict[Value, ir.Value] = {}
+        for j, x in enumerate(body.inputs):
+            env[x] = self.scalars[j] if j in self.scalars else \
+                e.load(self.ptrs[j], offset(j), x.dtype)
+        writes = []
+        for n in body.nodes:
+            if n.op == "constant":
+                env[n.out] = e.const(n.attrs["value"], n.out.dtype)
+            elif n.op == "store":
+                writes.append((body.inputs.index(n.inputs[0]), env[n.inputs[1]]))
+            else:
+                env[n.out] = self.lower(n, env)
+        for j, v in writes:
+            e.store(v, self.ptrs[j], offset(j), body.inputs[j].dtype)
+        return env
 
     def lower(self, n: Node, env: dict[Value, ir.Value]) -> ir.Value:
         rule = LOWERING.get(n.op)
@@ -398,11 +417,15 @@ class _Builder:
 
 def generate(node: Node, fastmath: bool = False, strided: Strided = {}
              ) -> tuple[ir.Module, KernelABI]:
-    """The LLVM module for a kernel node, and how to call it; `strided`: as for plan."""
+    """The LLVM module for a kernel node (a row kernel's: rowcodegen.py), and how to call it;
+    `strided`: as for plan."""
     abi = plan(node, fastmath, strided=strided)
     for out in node.body.outputs:
         if not isinstance(out.type, TensorType):
             raise LoweringError("a kernel output must be a tensor")
+    if node.op == ROW_KERNEL:
+        from .rowcodegen import RowBuilder
+        return RowBuilder(node, abi, fastmath).build(), abi
     return _Builder(node, abi, fastmath).build(), abi
 
 

@@ -160,12 +160,12 @@ class NativeKernel:
         self._offsets = [self.views[i][1] * v.dtype.itemsize if i in self.views else 0
                          for i, v in enumerate(node.inputs)]
         # Where each mapped output goes: (instance, body output) -> a new array per call.
+        kinds = node.attrs.get("outputs", ())  # (a row kernel has none)
         self._maps = [(i, k, tuple(space), r.dtype.np_dtype)
                       for i, space in enumerate(node.attrs["spaces"])
-                      for k, (kind, r) in enumerate(zip(node.attrs["outputs"],
-                                                        node.body.outputs)) if kind == "map"]
+                      for k, (kind, r) in enumerate(zip(kinds, node.body.outputs))
+                      if kind == "map"]
         # Reduced outputs: (instance, body output, shape, dtype), one slot each after the maps.
-        kinds = node.attrs["outputs"]
         self._reduced = [(i, k, kernel_ir.reduced_shape(kind, space), r.dtype.np_dtype)
                          for i, space in enumerate(node.attrs["spaces"])
                          for k, (kind, r) in enumerate(zip(kinds, node.body.outputs))
@@ -180,8 +180,11 @@ class NativeKernel:
         # Operands the Executable did not check before the step (it checks the graph inputs
         # kernels read directly): made inside the step, or an argument read through a view,
         # which numpy accepts in any layout. The runtime makes them contiguous for each call.
+        # A row kernel's rows come first: the call reads their indices (coalesce made them
+        # contiguous int64).
+        self._lead = kernel_ir.layout(node).lead
         self._unchecked = [i for i, v in enumerate(self.sources)
-                           if not v.is_input or i in self.views]
+                           if (not v.is_input or i in self.views) and i >= self._lead]
         self._elements = sum(math.prod(space) for space in node.attrs["spaces"])
         # Reduction blocks' partial results: one buffer per kernel, reused every call, made
         # by the first (compiling a kernel too large to run, to look at it, needs none).
@@ -242,6 +245,8 @@ class NativeKernel:
     def operands(self, env: dict) -> list[np.ndarray]:
         """The arrays to call with: each operand's, or its view's base, C-contiguous."""
         arrays = [env[v] for v in self.sources]
+        for i in range(self._lead):
+            arrays[i] = arrays[i].indices
         for i in self._unchecked:
             arrays[i] = _contiguous(arrays[i], self.sources[i])
         return arrays
@@ -555,8 +560,8 @@ def _views(node: Node, at: int, storers: dict[Value, list[int]]
     made by views of a base (ir.analysis.view_source) that no kernel up to this one stores in
     place. The order survives _stores_last, which never moves a store before a node that
     preceded it."""
-    if kernel_ir.layout(node).instances != 1:
-        return {}
+    if kernel_ir.layout(node).instances != 1 or node.op == kernel_ir.ROW_KERNEL:
+        return {}  # (a row kernel reads its operands whole)
     views = {}
     for i, v in enumerate(node.inputs):
         base, offset, strides = view_source(v)
