@@ -279,3 +279,28 @@ def test_master_weights_and_bf16_state_on_rows():
     np.testing.assert_array_equal(p.numpy(), master.astype(np.float16))
     untouched = np.setdiff1d(np.arange(N), touched)
     np.testing.assert_array_equal(p.numpy()[untouched], table[untouched])
+
+
+@pytest.mark.parametrize("kind", ["SparseAdam", "LazyAdam"])
+@pytest.mark.parametrize("mode", ["jit", "llvm"])
+def test_per_row_step_corrects_each_row_by_its_own_count(kind, mode):
+    table, grads = problem(9, np.float32)
+    got = run_graphopt(kind, dict(lr=0.01, per_row_step=True), table, grads, mode)
+    p, m, v, count = table.copy(), *(np.zeros_like(table) for _ in range(3))
+    f = np.float32
+    for idx, values in grads:
+        rows, g = coalesced(idx, values)
+        m[rows] = m[rows] + (g - m[rows]) * f(1 - 0.9)
+        v[rows] = v[rows] + (g * g - v[rows]) * f(1 - 0.999)
+        count[rows] += 1  # each row's own t: per element, in f32
+        t = count[rows]
+        step = f(0.01) * np.sqrt(f(1) - f(0.999) ** t) / (f(1) - f(0.9) ** t)
+        p[rows] = p[rows] - step * (m[rows] / (np.sqrt(v[rows]) + f(1e-8)))
+    np.testing.assert_array_equal(got, p)
+    assert not np.array_equal(got, run_graphopt(kind, dict(lr=0.01), table, grads, mode))
+
+
+def test_per_row_step_needs_a_state_dtype_that_counts():
+    with pytest.raises(OptimizerError, match="per_row_step counts in the state dtype, bf16"):
+        optim.SparseAdam([go.Parameter(np.ones((3, 2)), name="t")], per_row_step=True,
+                         state_dtype=go.bf16)

@@ -21,10 +21,12 @@ values' row: the vectorizer makes SIMD code of it. Bytes moved: K·D per operand
 """
 from __future__ import annotations
 
+from llvmlite import binding as llvm
 from llvmlite import ir
 
 from ...ir.types import RowsType, i64
-from .codegen import _Builder
+from .codegen import PTR, _Builder
+from .emitter import I8, I32, storage_type
 
 
 class RowBuilder(_Builder):
@@ -49,12 +51,14 @@ class RowBuilder(_Builder):
         """The rows of instance i that fall in [lo, hi)."""
         def rows(start, end):
             indices = self.arg_ptr(i)
-            self.loop(start, end, lambda k: self.row(k, indices, width, height), "row")
+            self.loop(start, end, lambda k: self.row(k, end, indices, width, height), "row")
         self.in_range(i, offset, units, rows)
 
-    def row(self, k, indices, width, height) -> None:
-        """Row k of the gradient: the body over its elements, at table row indices[k]."""
+    def row(self, k, end, indices, width, height) -> None:
+        """Row k of the gradient: the body over its elements, at table row indices[k]; the
+        tables' row PREFETCH rows ahead asked for meanwhile."""
         b = self.b
+        self.prefetch(b.add(k, self.i64(PREFETCH)), end, indices, width, height)
         r = self.e.load(indices, k, i64)
         inside = self.fn.append_basic_block("row.inside")
         done = self.fn.append_basic_block("row.done")
@@ -65,3 +69,36 @@ class RowBuilder(_Builder):
             lambda j: b.add(at_table if j in self.indexed else at_values, d)), "elem")
         b.branch(done)
         b.position_at_end(done)
+
+    def prefetch(self, k, end, indices, width, height) -> None:
+        """Ask for the cache lines of row indices[k] of each indexed table (k < end), so
+        that its memory latency overlaps the rows before it: the rows are scattered over
+        tables far larger than the caches, where each row read otherwise waits for memory."""
+        b = self.b
+        inside = self.fn.append_basic_block("prefetch")
+        done = self.fn.append_basic_block("prefetch.done")
+        b.cbranch(b.icmp_signed("<", k, end), inside, done)
+        b.position_at_end(inside)
+        r = self.e.load(indices, k, i64)
+        ask = self.fn.append_basic_block("prefetch.row")
+        b.cbranch(b.icmp_unsigned("<", r, height), ask, done)
+        b.position_at_end(ask)
+        fn = self.module.globals.get("llvm.prefetch.p0") or ir.Function(
+            self.module, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]),
+            "llvm.prefetch.p0")
+        for j in sorted(self.indexed):
+            size = storage_type(self.node.body.inputs[j].dtype).get_abi_size(_LAYOUT)
+            row = b.gep(self.ptrs[j], [b.mul(b.mul(r, width), self.i64(size))],
+                        source_etype=I8)
+            lines = b.udiv(b.add(b.mul(width, self.i64(size)), self.i64(LINE - 1)),
+                           self.i64(LINE))
+            self.loop(self.i64(0), lines, lambda line, row=row: b.call(fn, [
+                b.gep(row, [b.mul(line, self.i64(LINE))], source_etype=I8),
+                ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)]), "line")
+        b.branch(done)
+        b.position_at_end(done)
+
+
+PREFETCH = 8  # rows ahead: enough to cover a memory latency at a few ns per element
+LINE = 64  # bytes per cache line
+_LAYOUT = llvm.create_target_data("e-m:e-i64:64-f80:128-n8:16:32:64-S128")
