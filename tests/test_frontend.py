@@ -1150,6 +1150,28 @@ def test_lower_returns_the_compiled_step_and_its_graph(rng):
     assert fn.cache_info().traces == 1
 
 
+def test_a_jitted_step_and_its_parameters_are_freed_after_their_last_use(rng):
+    """Nothing of graphopt's keeps a step function alive once its JittedFunction is gone:
+    the function closes over its Parameters, so a cache of signatures holding it (as an
+    lru_cache keyed by it did) kept every step's weights in memory for good."""
+    import gc
+    import weakref
+
+    w = go.Parameter(rng.standard_normal(3), name="w")
+
+    def step(g):
+        go.assign(w, w - 0.1 * g)
+        return w.sum()
+
+    fn = go.jit(step)
+    fn(rng.standard_normal(3))
+    fn(rng.standard_normal(3))  # (a cache hit too)
+    gone = weakref.ref(step), weakref.ref(w)
+    del fn, step, w
+    gc.collect()
+    assert [ref() for ref in gone] == [None, None]
+
+
 def test_jit_decorator_forms(rng):
     x = rng.standard_normal(2)
 

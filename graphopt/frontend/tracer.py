@@ -4,8 +4,8 @@ outputs. `bind_arguments` and `leaf_spec` say what a call's signature is (jit ca
 """
 from __future__ import annotations
 
-import functools
 import inspect
+import weakref
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -31,21 +31,33 @@ class Traced:
     params: dict[str, Parameter]
 
 
-@functools.lru_cache(maxsize=512)
+# Step functions' signatures, each worked out once (inspect.signature costs more than a
+# step's checks). Keyed weakly: a step function closes over its Parameters and optimizer, so
+# a strong key (an lru_cache's) kept every step's weights and state alive after its last use.
+_SIGNATURES: weakref.WeakKeyDictionary[Callable, inspect.Signature | None] = \
+    weakref.WeakKeyDictionary()
+
+
 def _signature(fn: Callable) -> inspect.Signature | None:
-    """fn's signature, worked out once (inspect.signature costs more than a step's checks)."""
+    """fn's signature (None where inspect finds none), cached while fn lives."""
     try:
-        return inspect.signature(fn)
+        return _SIGNATURES[fn]
+    except KeyError:
+        cacheable = True
+    except TypeError:  # unhashable, or no weak reference to it: worked out every call
+        cacheable = False
+    try:
+        sig = inspect.signature(fn)
     except (TypeError, ValueError):
-        return None
+        sig = None
+    if cacheable:
+        _SIGNATURES[fn] = sig
+    return sig
 
 
 def bind_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The call's arguments by parameter name, as Python would bind them."""
-    try:
-        sig = _signature(fn)
-    except TypeError:  # an unhashable callable
-        sig = None
+    sig = _signature(fn)
     if sig is None:
         return {f"arg{i}": a for i, a in enumerate(args)} | kwargs
     try:
