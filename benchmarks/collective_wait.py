@@ -22,7 +22,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import subprocess
 import sys
 import time
 from pathlib import Path
@@ -144,27 +143,12 @@ def main() -> None:
     if args.worker:
         return worker(args.quick)
     machine = common.machine_info()
-    from importlib.metadata import PackageNotFoundError, version
-    for package in ("mpi4py", "mpich"):
-        try:
-            machine[package] = version(package)
-        except PackageNotFoundError:
-            pass
-    mpiexec = Path(sys.executable).parent / "mpiexec"
+    machine.update(common.mpi_versions())
     runs = []
     for n in map(int, args.ranks.split(",")):
-        cmd = [str(mpiexec if mpiexec.exists() else "mpiexec"), "-n", str(n), sys.executable,
-               str(Path(__file__).resolve()), "--worker"] + (["--quick"] if args.quick else [])
-        try:
-            done = subprocess.run(cmd, capture_output=True, text=True, timeout=900,
-                                  env=os.environ, stdin=subprocess.DEVNULL)
-            found = [json.loads(line[7:]) for line in done.stdout.splitlines()
-                     if line.startswith("RESULT ")]
-            runs.append(found[0] if found else
-                        {"ranks": n, "error": f"exit {done.returncode}: "
-                                              f"{done.stderr.strip()[-500:]}"})
-        except subprocess.TimeoutExpired:
-            runs.append({"ranks": n, "error": "timed out after 900 s"})
+        run = common.run_mpi_worker(__file__, n, ["--worker"] + (["--quick"] if args.quick
+                                                                  else []), os.environ, 900)
+        runs.append(run if "error" not in run else {"ranks": n, "error": run["error"]})
     md = report(runs, machine, args.quick)
     print(md)
     args.out.mkdir(parents=True, exist_ok=True)

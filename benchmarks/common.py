@@ -6,6 +6,7 @@ first on sys.path).
 """
 from __future__ import annotations
 
+import argparse
 import gc
 import importlib.util
 import json
@@ -13,6 +14,7 @@ import os
 import platform
 import resource
 import shutil
+import signal
 import subprocess
 import sys
 import tempfile
@@ -110,6 +112,59 @@ def run_worker(script: str | Path, argv: list[str], env: dict | None = None,
             return json.loads(line[7:])
     tail = (p.stderr or p.stdout).strip().splitlines()[-6:]
     return {"error": f"exit {p.returncode}: " + " | ".join(tail)}
+
+
+def mpiexec_path() -> str | None:
+    """The mpiexec beside this Python (MPICH's wheel puts it there), else the one on PATH."""
+    beside = Path(sys.executable).parent / "mpiexec"
+    return str(beside) if beside.exists() else shutil.which("mpiexec")
+
+
+def mpi_missing() -> str | None:
+    """None if MPI jobs can run here, else why not."""
+    if importlib.util.find_spec("mpi4py") is None:
+        return "mpi4py is not installed (pip install 'graphopt[dist]')"
+    if mpiexec_path() is None:
+        return "no mpiexec (pip install 'graphopt[dist]' brings MPICH's)"
+    return None
+
+
+def mpi_versions() -> dict[str, str]:
+    """mpi4py's and MPICH's versions, where installed (for the machine's description)."""
+    from importlib.metadata import PackageNotFoundError, version
+    out = {}
+    for package in ("mpi4py", "mpich"):
+        try:
+            out[package] = version(package)
+        except PackageNotFoundError:
+            pass
+    return out
+
+
+def run_mpi_worker(script: str | Path, ranks: int, argv: list[str], env: dict | None = None,
+                   timeout: float = 900) -> dict:
+    """Run `mpiexec -n ranks python script argv`: the dict of the first line `RESULT {json}`
+    any rank printed, or {"error": ...} (the exit status and the end of stderr, or the
+    timeout). A job still running at the timeout is interrupted (SIGINT: mpiexec passes it
+    to the ranks, which MPICH puts in sessions of their own), then killed."""
+    cmd = [mpiexec_path() or "mpiexec", "-n", str(ranks), sys.executable,
+           str(Path(script).resolve()), *argv]
+    p = subprocess.Popen(cmd, stdin=subprocess.DEVNULL, stdout=subprocess.PIPE,
+                         stderr=subprocess.PIPE, text=True, env=env, cwd=ROOT)
+    try:
+        stdout, stderr = p.communicate(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        p.send_signal(signal.SIGINT)
+        try:
+            p.communicate(timeout=30)
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.communicate()
+        return {"error": f"timed out after {timeout:.0f} s"}
+    for line in stdout.splitlines():
+        if line.startswith("RESULT "):
+            return json.loads(line[7:])
+    return {"error": f"exit {p.returncode}: {stderr.strip()[-500:]}"}
 
 
 def snapshot_graphopt() -> Path:
@@ -302,6 +357,18 @@ def add_run_options(ap, cases: list[str], impls: list[str], quick_help: str) -> 
                     help="run every implementation this many times per case, interleaved, "
                          "and report the median of the rounds' medians (default 3; 1 with "
                          "--quick)")
+
+
+def add_driver_options(ap, name: str) -> None:
+    """The options of a benchmark with subprocess workers and a report made from its JSON:
+    --no-bandwidth, --render JSON, and the workers' hidden --worker and --case."""
+    ap.add_argument("--no-bandwidth", action="store_true",
+                    help="skip measuring the memory bandwidth")
+    ap.add_argument("--render", metavar="JSON",
+                    help=f"write the report again from a run's {name}.json (into --out), "
+                         "measuring nothing")
+    ap.add_argument("--worker", help=argparse.SUPPRESS)
+    ap.add_argument("--case", help=argparse.SUPPRESS)
 
 
 @dataclass

@@ -644,13 +644,7 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--compile-timeout", type=float, default=600,
                     help="seconds torch-compile's worker may take, compile included "
                          "(default 600)")
-    ap.add_argument("--no-bandwidth", action="store_true",
-                    help="skip measuring the memory bandwidth")
-    ap.add_argument("--render", metavar="JSON",
-                    help="write the report again from a run's train_step.json (into --out), "
-                         "measuring nothing")
-    ap.add_argument("--worker", help=argparse.SUPPRESS)
-    ap.add_argument("--case", help=argparse.SUPPRESS)
+    common.add_driver_options(ap, "train_step")
     args = ap.parse_args(argv)
     if args.worker:
         worker_main(args)
