@@ -75,3 +75,38 @@ def test_collective_wait_benchmark_quick(tmp_path):
             line.startswith("| 64 MiB")]
     assert len(rows) == 3 * 6, md
     assert "graphopt |" in md and "error" not in md
+
+
+def test_distributed_benchmark_quick(tmp_path):
+    """benchmarks/distributed.py --quick, graphopt only, 1 and 2 ranks: every configuration of
+    both cases is measured; at 2 ranks zero=2 sends what zero=0's all_reduce does and holds
+    half the state; every rank ends with the same parameters (the benchmark itself:
+    `python benchmarks/distributed.py`)."""
+    import json
+
+    from support import mpi_missing
+    if mpi_missing():
+        pytest.skip(mpi_missing())
+    env = dict(os.environ, GRAPHOPT_CACHE_DIR=str(tmp_path / "cache"),
+               PYTHONPATH=os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]))
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "distributed.py"), "--quick",
+         "--impls", "graphopt", "--no-bandwidth", "--out", str(out)],
+        capture_output=True, text=True, timeout=300, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    results = json.loads((out / "distributed.json").read_text())["results"]
+    for case in ("mlp", "bert"):
+        assert set(results[case]) == {"1", "2"}, results[case]
+        one, two = results[case]["1"]["results"], results[case]["2"]["results"]
+        assert set(one) == {"graphopt jit", "graphopt zero=0", "graphopt zero=1",
+                            "graphopt zero=2"}, one
+        assert set(two) == set(one) - {"graphopt jit"}, two
+        for r in [*one.values(), *two.values()]:
+            assert "error" not in r and r["same_on_ranks"] and r["ms"] > 0, r
+            assert r["comm_ms"] >= 0 and r["compute_ms"] > 0, r
+        z0, z2 = two["graphopt zero=0"], two["graphopt zero=2"]
+        assert z2["bytes_sent"] == z0["bytes_sent"] == results[case]["2"]["gradient_bytes"]
+        assert max(z2["state_bytes_per_rank"]) * 2 == z0["state_bytes_per_rank"][0]
+    md = (out / "distributed.md").read_text()
+    assert "| mlp | 2 | 1 | graphopt zero=2 |" in md and "**not met**" not in md
