@@ -110,3 +110,23 @@ def test_distributed_benchmark_quick(tmp_path):
         assert max(z2["state_bytes_per_rank"]) * 2 == z0["state_bytes_per_rank"][0]
     md = (out / "distributed.md").read_text()
     assert "| mlp | 2 | 1 | graphopt zero=2 |" in md and "**not met**" not in md
+
+
+def test_sparse_benchmark_quick(tmp_path):
+    """benchmarks/sparse.py on the smallest table: every implementation asked for has a row,
+    and the row update moves the K rows' bytes, the dense one the table's."""
+    import json
+
+    env = dict(os.environ, GRAPHOPT_CACHE_DIR=str(tmp_path / "cache"))
+    out = tmp_path / "out"
+    p = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "sparse.py"), "--quick", "--cases", "100k",
+         "--impls", "graphopt-sparse,graphopt-dense", "--out", str(out)],
+        capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
+    assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
+    md = (out / "sparse.md").read_text()
+    assert "| 100k | graphopt-sparse |" in md and "| 100k | graphopt-dense |" in md
+    r = json.loads((out / "sparse.json").read_text())["results"]["100k"]
+    sparse, dense = r["graphopt-sparse"], r["graphopt-dense"]
+    assert sparse["bytes"] < 10e6 < 100e6 < dense["bytes"]  # K = 4096 rows vs 100,000
+    assert 0 <= sparse["bytes"] - sparse["model_bytes"] < 64  # the model, and a few scalars

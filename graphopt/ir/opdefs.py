@@ -613,7 +613,7 @@ def _rows(indices: np.ndarray, values: np.ndarray, shape: Sequence[int]) -> Rows
         bad = indices[(indices < 0) | (indices > n)][0]
         raise IndexError(f"rows: index {bad} is outside [0, {n}] (a tensor of {n} rows; the "
                          f"index {n} means no row)")
-    return RowsArray(indices.astype(np.int64), values, n)
+    return RowsArray(indices.astype(np.int64, copy=False), values, n)
 
 
 def _with_values_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -634,11 +634,16 @@ def _halves_in_f32(values: np.ndarray) -> np.ndarray:
 def _coalesce(r: RowsArray) -> RowsArray:
     """Sorted distinct indices first, each row's values the sum of its duplicates in the
     order they come (f16 and bf16 summed in f32, rounded once), then the no-row index with
-    zeros: K rows still. Vectorized: a stable sort, each row's first values gathered into
-    place, then one addition per duplicate rank (numpy's add.at past a few)."""
+    zeros: K rows still. Vectorized: a stable order of the indices (a sort of index·K +
+    place), each row's first values gathered into place, then one addition per duplicate
+    rank (numpy's add.at past a few)."""
     idx, values, n = r
-    order = np.argsort(idx, kind="stable")
-    ranked = idx[order]
+    k = len(idx)
+    if (n + 1) * max(k, 1) < 2**62:  # a stable order, from a plain sort of index·K + place
+        ranked, order = np.divmod(np.sort(idx * k + np.arange(k)), max(k, 1))
+    else:
+        order = np.argsort(idx, kind="stable")
+        ranked = idx[order]
     valid = int(np.searchsorted(ranked, n))  # the no-row index sorts last
     ranked = ranked[:valid]
     first = np.ones(valid, bool)
@@ -649,7 +654,10 @@ def _coalesce(r: RowsArray) -> RowsArray:
     out_idx[:rows] = ranked[starts]
     out = np.empty(values.shape, np.float32 if values.dtype in _HALVES else values.dtype)
     out[rows:] = 0
-    out[:rows] = values[order[starts]]
+    if out.dtype == values.dtype:  # gathered into place, in one pass
+        np.take(values, order[starts], axis=0, out=out[:rows])
+    else:
+        out[:rows] = values[order[starts]]
     if rows < valid:  # repeated rows: add the later ones, rank by rank, in order
         segment = np.cumsum(first) - 1
         rank = np.arange(valid) - starts[segment]  # a duplicate's place among its row's
