@@ -239,8 +239,8 @@ def network_ops_numpy(x, y):
             0.5 * x * (1 + np.tanh(np.sqrt(2 / np.pi) * (x + 0.044715 * x ** 3))), x,
             log_softmax, -log_softmax[[0, 1], LABELS].mean(), np.mean((x - y) ** 2), x[ROWS],
             x + y[[1, 0]],  # row 1 gets y[0], row 0 gets y[1]
-            x[ROWS], np.array([0, 1, 2]),  # coalesced: rows 0, 1, then no row (2)
-            np.stack([x[0], x[1], np.zeros(3)]), np.stack([y[0], 2 * y[1]]),
+            x[ROWS], np.array([1, 0, 2]),  # coalesced: rows 1, 0 where they first come, no row
+            np.stack([x[1], x[0], np.zeros(3)]), np.stack([y[0], 2 * y[1]]),
             np.stack([y[0], 2 * y[1]])]
 
 

@@ -15,16 +15,18 @@ from graphopt.ir.types import RowsType, TensorType, f32
 
 
 def reference_coalesce(idx, values, n):
-    """Distinct indices sorted, each row the sum of its duplicates in the order they come,
-    then no-row entries (index n, zeros): what ops.coalesce gives, by a Python loop."""
-    sums = {}
-    for i, v in zip(idx.tolist(), values):
-        if i < n:
-            sums[i] = sums[i] + v if i in sums else v.copy()
+    """Each index once, where it first comes, the sum of its duplicates in the order they
+    come; later duplicates and no-row entries the index n with zeros: what ops.coalesce
+    gives, by a Python loop."""
+    first = {}
     out_idx = np.full(len(idx), n)
     out = np.zeros_like(values)
-    for k, i in enumerate(sorted(sums)):
-        out_idx[k], out[k] = i, sums[i]
+    for k, (i, v) in enumerate(zip(idx.tolist(), values)):
+        if i < n and i in first:
+            out[first[i]] += v
+        elif i < n:
+            first[i] = k
+            out_idx[k], out[k] = i, v
     return out_idx, out
 
 
@@ -53,14 +55,15 @@ def test_many_duplicates_of_a_row_take_numpys_add_at():
     idx = np.array([2] * 30 + [0, 2])
     values = np.arange(32.0)[:, None]
     got = ops.coalesce(ops.rows(idx, values, (4, 1)))
-    np.testing.assert_array_equal(got.indices.numpy()[:3], [0, 2, 4])
-    np.testing.assert_array_equal(got.values.numpy()[:2, 0], [30.0, sum(range(30)) + 31.0])
+    np.testing.assert_array_equal(got.indices.numpy(), [2] + [4] * 29 + [0, 4])
+    np.testing.assert_array_equal(got.values.numpy()[[0, 30], 0], [sum(range(30)) + 31.0, 30.0])
+    assert not got.values.numpy()[1:30].any() and not got.values.numpy()[31:].any()
 
 
 def test_take_put_and_assign_rows_leave_the_other_rows():
     x = np.arange(12.0).reshape(6, 2)
     r = ops.coalesce(ops.rows(np.array([4, 6, 1]), -np.ones((3, 2)), (6, 2)))
-    np.testing.assert_array_equal(ops.take_rows(x, r).numpy(), [x[1], x[4], [0, 0]])
+    np.testing.assert_array_equal(ops.take_rows(x, r).numpy(), [x[4], [0, 0], x[1]])
     want = x.copy()
     want[[1, 4]] = -1
     np.testing.assert_array_equal(ops.put_rows(x, r).numpy(), want)
@@ -140,8 +143,8 @@ def test_the_rows_type_prints_parses_verifies_and_draws():
 def test_rows_are_step_arguments_and_results():
     r = ops.rows(np.array([3, 1, 3]), np.ones((3, 2), np.float32), (4, 2))
     got = go.jit(lambda r: ops.coalesce(r))(r)
-    assert isinstance(got, go.Rows) and got.type == RowsType(3, TensorType((4, 2), f32))
-    np.testing.assert_array_equal(got.indices.numpy(), [1, 3, 4])
+    assert isinstance(got, go.Rows) and got.type == RowsType(3, TensorType((4, 2), f32), True)
+    np.testing.assert_array_equal(got.indices.numpy(), [3, 1, 4])
     np.testing.assert_array_equal(got.dense().numpy(), r.dense().numpy())
     with pytest.raises(go.GraphoptError, match="pass it to the step as an argument"):
         go.jit(lambda: ops.coalesce(r))()

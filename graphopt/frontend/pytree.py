@@ -12,14 +12,17 @@ import re
 from dataclasses import dataclass
 from typing import Any, Sequence
 
+import numpy as np
+
 from ..errors import SignatureError
+from ..ir.types import RowsArray, RowsType, TensorType, to_dtype
 from .rows import Rows
 from .tensor import ops
 
 
 @dataclass(frozen=True)
 class TreeDef:
-    kind: str  # "leaf", "none", "list", "tuple", "dict" or "rows"
+    kind: str  # "leaf", "none", "list", "tuple", "dict", "rows" or "unique rows"
     children: tuple[TreeDef, ...] = ()
     keys: tuple[Any, ...] = ()  # dict keys, in order; a row gradient's dense shape
 
@@ -35,7 +38,7 @@ class TreeDef:
             return "a tensor" if self.kind == "leaf" else "None"
         if self.kind == "dict":
             return f"a dict with keys {list(self.keys)}"
-        if self.kind == "rows":
+        if self.kind.endswith("rows"):
             return f"a row gradient of {list(self.keys)}"
         return f"a {self.kind} of {len(self.children)} items"
 
@@ -73,7 +76,7 @@ def flatten(x: Any, path: str = "") -> tuple[list[Any], Sequence[str], TreeDef]:
         prefix = f"{path}." if path else ""
         parts = [x.indices, x.values] if x.trace is not None else list(x.payload[:2])
         return parts, [f"{prefix}indices", f"{prefix}values"], \
-            TreeDef("rows", (LEAF, LEAF), x.shape)
+            TreeDef("unique rows" if x.unique else "rows", (LEAF, LEAF), x.shape)
     else:
         return [x], [path], LEAF
     leaves, paths, children = [], [], []
@@ -98,8 +101,11 @@ def unflatten(tree: TreeDef, leaves: list[Any]) -> Any:
         if t.kind == "none":
             return None
         items = [build(c) for c in t.children]
-        if t.kind == "rows":
-            return ops.rows(*items, t.keys)
+        if t.kind == "rows" or t.kind == "unique rows" and not isinstance(items[0], np.ndarray):
+            return ops.rows(*items, t.keys)  # a step's argument: its indices are not trusted
+        if t.kind == "unique rows":  # a step's result: made unique by the step
+            return Rows(RowsArray(*items, t.keys[0]),
+                        RowsType(len(items[0]), TensorType(t.keys, to_dtype(items[1].dtype)), True))
         if t.kind == "dict":
             return dict(zip(t.keys, items))
         return items if t.kind == "list" else tuple(items)

@@ -632,11 +632,13 @@ def _halves_in_f32(values: np.ndarray) -> np.ndarray:
 
 
 def _coalesce(r: RowsArray) -> RowsArray:
-    """Sorted distinct indices first, each row's values the sum of its duplicates in the
-    order they come (f16 and bf16 summed in f32, rounded once), then the no-row index with
-    zeros: K rows still. Vectorized: a stable order of the indices (a sort of index·K +
-    place), each row's first values gathered into place, then one addition per duplicate
-    rank (numpy's add.at past a few)."""
+    """Each index once, where it first comes, its values the sum of its duplicates' in the
+    order they come (f16 and bf16 summed in f32, rounded once); each later duplicate, and
+    the no-row index, an entry of the no-row index N with zeros: K rows still, in r's order.
+    The values stay where they are (a copy, one sequential pass, not a gather through the
+    sort: the rows it would gather lie scattered over memory), and a row kernel after it
+    streams through them. The duplicates are found by a stable order of the indices (a sort
+    of index·K + place); then one addition per duplicate rank (numpy's add.at past a few)."""
     idx, values, n = r
     k = len(idx)
     if (n + 1) * max(k, 1) < 2**62:  # a stable order, from a plain sort of index·K + place
@@ -644,30 +646,26 @@ def _coalesce(r: RowsArray) -> RowsArray:
     else:
         order = np.argsort(idx, kind="stable")
         ranked = idx[order]
-    valid = int(np.searchsorted(ranked, n))  # the no-row index sorts last
-    ranked = ranked[:valid]
-    first = np.ones(valid, bool)
+    first = np.ones(k, bool)
     np.not_equal(ranked[1:], ranked[:-1], out=first[1:])
+    later = np.flatnonzero(~first & (ranked < n))  # sorted places of the later duplicates
+    none = np.flatnonzero(idx == n)
+    out_idx = idx.astype(np.int64)
+    out = values.astype(np.float32 if values.dtype in _HALVES else values.dtype)
     starts = np.flatnonzero(first)
-    rows = len(starts)
-    out_idx = np.full(idx.shape, n, np.int64)
-    out_idx[:rows] = ranked[starts]
-    out = np.empty(values.shape, np.float32 if values.dtype in _HALVES else values.dtype)
-    out[rows:] = 0
-    if out.dtype == values.dtype:  # gathered into place, in one pass
-        np.take(values, order[starts], axis=0, out=out[:rows])
-    else:
-        out[:rows] = values[order[starts]]
-    if rows < valid:  # repeated rows: add the later ones, rank by rank, in order
-        segment = np.cumsum(first) - 1
-        rank = np.arange(valid) - starts[segment]  # a duplicate's place among its row's
-        later = np.flatnonzero(rank)
-        if int(rank.max()) <= _RANKS_BY_LOOP:
-            for k in range(1, int(rank.max()) + 1):  # the rows of one rank are distinct
-                at = later[rank[later] == k]
-                out[segment[at]] += values[order[at]]
+    segment = np.cumsum(first) - 1
+    rank = np.arange(k) - starts[segment]  # a duplicate's place among its row's
+    into = order[starts][segment]  # the place of each sorted entry's first occurrence
+    if later.size:
+        if int(rank[later].max()) <= _RANKS_BY_LOOP:
+            for q in range(1, int(rank[later].max()) + 1):  # the rows of one rank are distinct
+                at = later[rank[later] == q]
+                out[into[at]] += values[order[at]]
         else:  # many duplicates of a row: numpy's unbuffered add, in order too
-            np.add.at(out, segment[later], values[order[later]].astype(out.dtype))
+            np.add.at(out, into[later], values[order[later]].astype(out.dtype))
+    gone = np.concatenate([order[later], none])
+    out_idx[gone] = n
+    out[gone] = 0
     return RowsArray(out_idx, out.astype(values.dtype, copy=False), n)
 
 
@@ -760,8 +758,8 @@ register(OpDef("with_values", INDEX, _with_values_infer,
                doc="with_values %r, %v: the rows of %r (its indices) with the values %v"))
 register(OpDef("coalesce", INDEX, lambda types, attrs: [
     RowsType(_one_rows("coalesce", types).rows, types[0].dense, True)], _coalesce,
-    doc="the same rows with unique indices: sorted, duplicates summed in the order they come, "
-        "then the no-row index with zeros"))
+    doc="the same rows with unique indices: each where it first comes, duplicates summed "
+        "in the order they come, later ones the no-row index with zeros"))
 register(OpDef("densify", INDEX, lambda types, attrs: [_one_rows("densify", types).dense],
                _densify, into=_densify_into,
                doc="the dense tensor of a row gradient: zeros, each row added at its index "
