@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any, Sequence
 
 from .. import comm, ops
 from ..errors import ArgumentError, OptimizerError
+from ..frontend.rows import Rows
 from .layout import DEFAULT_BUCKET_BYTES
 from .sharding import Sharding
 
@@ -76,8 +77,23 @@ class DataParallel:
         return ("DataParallel", self.zero, self.bucket_bytes, self.group, self.ranks)
 
     def gradients(self, params: Sequence[Any], grads: list[Any]) -> list[Any]:
-        """The gradients with respect to `params`, averaged over the ranks."""
-        return [ops.all_reduce(g, "mean", group=self.group) for g in grads]
+        """The gradients with respect to `params`, averaged over the ranks. A row gradient
+        (K rows on each rank) is averaged as rows: every rank's rows, all gathered (N·K
+        rows), their values divided by N; the optimizer coalesces them (torch DDP gathers
+        sparse gradients likewise). ZeRO shards flat buckets of the state, which row
+        updates cannot address: with zero >= 1 a row gradient is an ArgumentError."""
+        return [self._rows_mean(p, g) if isinstance(g, Rows) else
+                ops.all_reduce(g, "mean", group=self.group) for p, g in zip(params, grads)]
+
+    def _rows_mean(self, param: Any, g: Rows) -> Rows:
+        if self.zero:
+            raise ArgumentError(f"DataParallel(zero={self.zero}): the gradient of "
+                                f"'{param.name}' is a row gradient, and ZeRO shards the "
+                                f"optimizer state in flat buckets that a row update cannot "
+                                f"address; use zero=0, or make it dense (ops.embedding with "
+                                f"sparse=False)")
+        values = ops.all_gather(g.values, group=self.group) / float(self.ranks)
+        return ops.rows(ops.all_gather(g.indices, group=self.group), values, g.shape)
 
     def sharding(self, opt: Optimizer) -> Sharding | None:
         """The optimizer's shards on this rank (made on first use), None at zero=0."""

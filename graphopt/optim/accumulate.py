@@ -15,6 +15,7 @@ import numpy as np
 from .. import memory, ops
 from ..errors import OptimizerError
 from ..frontend import Parameter, assign
+from ..frontend.rows import Rows
 from ..frontend.tensor import Tensor
 from .arguments import CheckedArguments
 from .optimizer import Optimizer, as_dtype, check_condition, check_count
@@ -24,7 +25,8 @@ class Accumulate(metaclass=CheckedArguments):
     """Wrap an optimizer: `Accumulate(opt, steps=4).step(grads)` accumulates the gradients
     of 4 calls in Parameters (`<param>.grad_accum`, in the compute dtype) and applies the
     optimizer to their mean on the 4th; a counter (`<opt>.accum_count`) says which call it
-    is. The optimizer's step count and lr schedule advance once per update.
+    is. The optimizer's step count and lr schedule advance once per update. Row gradients are
+refused (a dense sum would touch every row): accumulate their dense gradient instead.
 
     `step(grads, where=cond)`: a call with cond false changes nothing (the micro-batch is
     dropped, the counter does not move); graphopt.amp uses it to drop an overflowed one.
@@ -57,6 +59,13 @@ class Accumulate(metaclass=CheckedArguments):
         """Accumulate one micro-batch; update on the k-th. Returns the bool scalar "the
         optimizer updated the parameters on this call"."""
         grads = self.opt.check_grads(grads)
+        for s, g in zip(self.opt._slots, grads):
+            if isinstance(g, Rows):  # a dense sum of rows would update every row
+                raise OptimizerError(
+                    f"Accumulate.step: the gradient of '{s.param.name}' is a row gradient; "
+                    f"Accumulate keeps a dense sum per parameter, which would make the update "
+                    f"touch every row. Accumulate its dense gradient (g.dense()), or step the "
+                    f"optimizer on each micro-batch's rows")
         where = check_condition(where, "Accumulate.step")
         count = self.count + 1
         ready = count == self.steps

@@ -1,7 +1,9 @@
 """Gradient transforms: global-norm clipping, value clipping, gradient centralization.
 
 Each takes the gradients as a list (or a dict by name) and returns new ones in the same
-structure; nothing is changed in place, so they compose inside a traced step:
+structure; nothing is changed in place, so they compose inside a traced step. A row gradient
+(`graphopt.Rows`) is coalesced first and transformed as its rows' values, so its norm is
+the dense gradient's (duplicates summed) and its untouched rows stay untouched:
 
     grads, norm = clip_grad_norm(grads, max_norm=1.0)
     opt.step(centralize_gradients(grads))
@@ -13,6 +15,7 @@ from typing import Any, Callable, Mapping, Sequence
 
 from .. import ops
 from ..errors import OptimizerError
+from ..frontend.rows import Rows
 from ..frontend.tensor import Tensor
 from ..ir.types import f32
 from .optimizer import as_dtype, dtype_of
@@ -21,13 +24,20 @@ Grads = Sequence[Any] | Mapping[str, Any]
 
 
 def _map(grads: Grads, fn: Callable[[Any], Any]) -> Any:
+    def each(g: Any) -> Any:
+        if isinstance(g, Rows):
+            c = g.coalesce()
+            return ops.with_values(c, fn(c.values))
+        return fn(_tensor(g))
     if isinstance(grads, Mapping):
-        return {k: fn(g) for k, g in grads.items()}
-    return [fn(g) for g in grads]
+        return {k: each(g) for k, g in grads.items()}
+    return [each(g) for g in grads]
 
 
-def _leaves(grads: Grads) -> list[Any]:
-    return list(grads.values()) if isinstance(grads, Mapping) else list(grads)
+def _leaves(grads: Grads) -> list[Tensor]:
+    """The gradients as tensors: a row gradient's coalesced values."""
+    gs = list(grads.values()) if isinstance(grads, Mapping) else list(grads)
+    return [g.coalesce().values if isinstance(g, Rows) else _tensor(g) for g in gs]
 
 
 def _norm_dtype(g: Tensor) -> Any:
@@ -38,7 +48,7 @@ def _norm_dtype(g: Tensor) -> Any:
 def global_norm(grads: Grads, norm_type: float = 2.0) -> Tensor:
     """The norm of all gradients together, as if concatenated: torch's clip_grad_norm_
     computes each tensor's norm, then the norm of those norms (`inf`: the largest |g|)."""
-    leaves = [as_dtype(g, _norm_dtype(g)) for g in map(_tensor, _leaves(grads))]
+    leaves = [as_dtype(g, _norm_dtype(g)) for g in _leaves(grads)]
     if not leaves:
         raise OptimizerError("global_norm: no gradients")
     if math.isinf(norm_type):
@@ -81,8 +91,7 @@ def centralize_gradients(grads: Grads) -> Any:
     """Gradient centralization (Yong et al. 2020; MindSpore's grad_centralization): for a
     gradient of rank > 1, subtract its mean over every axis but the first (per output
     channel); gradients of rank 0 or 1 pass unchanged."""
-    def centralize(g: Any) -> Any:
-        g = _tensor(g)
+    def centralize(g: Tensor) -> Tensor:  # a row gradient's values: per row, as dense
         if g.ndim <= 1:
             return g
         return g - ops.mean(g, axis=tuple(range(1, g.ndim)), keepdims=True)

@@ -84,6 +84,24 @@ def test_one_rank_is_the_step_itself(opt, zero):
         assert "all_reduce" in ops_run and "reduce_scatter" not in ops_run, ops_run
 
 
+@pytest.mark.parametrize("opt", ["lazyadam", "sgd"])
+def test_row_gradients_are_gathered_and_refused_under_zero(opt):
+    """An embedding's row gradient is averaged as rows (every rank's rows all gathered, the
+    values divided by the ranks): at world size 1 the same numbers as without DataParallel.
+    ZeRO cannot shard a row update's state: an ArgumentError naming the table."""
+    ref, _, ref_losses, _ = ddp.train(opt, 4, clip=True, embed=True)
+    params, _, losses, compiled = ddp.train(opt, 4, clip=True, embed=True,
+                                            parallel=dist.DataParallel())
+    for name, p in ref.items():
+        np.testing.assert_array_equal(params[name].numpy(), p.numpy(), err_msg=name)
+    np.testing.assert_array_equal(losses, ref_losses)
+    gathered = [n for n in compiled.graph.nodes if n.op == "all_gather"]
+    assert len(gathered) == 2 and {n.inputs[0].type.dtype.name for n in gathered} == \
+        {"i64", "f64"}, gathered
+    with pytest.raises(ArgumentError, match="zero=1.*'emb' is a row gradient"):
+        ddp.train(opt, 1, clip=False, embed=True, parallel=dist.DataParallel(zero=1))
+
+
 def test_buckets_follow_bucket_bytes():
     """The bucket pass packs the step's six gradient all_reduces as layout.pack says."""
     sizes = [int(np.prod(s)) * 8 for a, b in ddp.SIZES for s in ((a, b), (b,))]

@@ -16,8 +16,8 @@ pytestmark = needs_mpi
 STEPS = 10
 CASES = {
     2: [f"{opt}:{zero}" for opt in sorted(ddp.OPTIMIZERS) for zero in (0, 1, 2)] +
-       ["adamw:0:clip", "adamw:2:clip", "lamb:2:clip"],
-    4: ["sgd:0", "adam:1", "adamw:2", "lamb:2", "adam:2:clip"],
+       ["adamw:0:clip", "adamw:2:clip", "lamb:2:clip", "lazyadam:0:embed", "sgd:0:embed"],
+    4: ["sgd:0", "adam:1", "adamw:2", "lamb:2", "adam:2:clip", "lazyadam:0:clip:embed"],
 }
 REFERENCE: dict[str, tuple] = {}
 
@@ -25,8 +25,8 @@ REFERENCE: dict[str, tuple] = {}
 def reference(case: str):
     """The one process on the whole batch: parameters, losses, optimizer state bytes."""
     if case not in REFERENCE:
-        opt, _, *clip = case.split(":")
-        params, optimizer, losses, _ = ddp.train(opt, STEPS, bool(clip))
+        opt, _, clip, embed = ddp.parse(case)
+        params, optimizer, losses, _ = ddp.train(opt, STEPS, clip, embed=embed)
         REFERENCE[case] = ({k: p.numpy() for k, p in params.items()}, losses,
                            ddp.state_bytes(optimizer))
     return REFERENCE[case]
@@ -77,9 +77,10 @@ def test_the_collectives_are_those_of_the_stage(job):
     n, result = job
     for case in CASES[n]:
         ops_run = set(result.results[0][case]["collectives"])
-        stage, clip = int(case.split(":")[1]), case.count(":") == 2
-        if stage == 0:
-            assert ops_run == {"all_reduce"}, (case, ops_run)
+        _, stage, clip, embed = ddp.parse(case)
+        if stage == 0:  # a row gradient: its rows all gathered
+            assert ops_run == ({"all_reduce", "all_gather"} if embed else {"all_reduce"}), \
+                (case, ops_run)
         elif stage == 2 and not clip:
             assert "reduce_scatter" in ops_run and "all_reduce" not in ops_run, (case, ops_run)
         else:  # zero=1, or a clip that reads the whole gradients

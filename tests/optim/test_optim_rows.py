@@ -338,3 +338,18 @@ def test_per_row_step_needs_a_state_dtype_that_counts():
     with pytest.raises(OptimizerError, match="per_row_step counts in the state dtype, bf16"):
         optim.SparseAdam([go.Parameter(np.ones((3, 2)), name="t")], per_row_step=True,
                          state_dtype=go.bf16)
+
+
+@pytest.mark.parametrize("mode", ["jit", "eager"])
+def test_accumulate_refuses_row_gradients_and_changes_nothing(mode):
+    table, grads = problem(10, np.float32)
+    p = go.Parameter(table.copy(), name="emb")
+    acc = optim.Accumulate(optim.SparseAdam([p]), steps=2)
+
+    def step(i, v):
+        acc.step([ops.rows(i, v, table.shape)])
+
+    with pytest.raises(OptimizerError, match="'emb' is a row gradient.*g.dense"):
+        (go.jit(step) if mode == "jit" else step)(*grads[0])
+    np.testing.assert_array_equal(p.numpy(), table)
+    assert int(acc.count.numpy()) == 0

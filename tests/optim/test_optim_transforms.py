@@ -93,3 +93,31 @@ def test_clip_then_step_in_one_graph(rng):
     g = np.full((4, 3), 2.0)
     assert step(g) == pytest.approx(np.sqrt(48))
     assert np.sqrt((p.numpy() ** 2).sum()) == pytest.approx(1.0 / (1 + 1e-6 / np.sqrt(48)))
+
+
+@pytest.mark.parametrize("transform", ["norm", "norm-inf", "value", "centralize"])
+@pytest.mark.parametrize("mode", ["jit", "eager"])
+def test_row_gradients_are_transformed_as_their_dense_gradient(rng, transform, mode):
+    """A row gradient (repeated rows, a no-row entry) is transformed as the dense gradient it
+    stands for, and stays a row gradient whose untouched rows stay untouched."""
+    table = (5, 3)
+    idx = np.array([4, 1, 4, 5, 0])  # 4 twice; 5: no row
+    values = rng.standard_normal((5, 3))
+    other = rng.standard_normal((2, 2))
+    fns = {"norm": lambda gs: optim.clip_grad_norm(gs, 0.5)[0],
+           "norm-inf": lambda gs: optim.clip_grad_norm(gs, 0.5, float("inf"))[0],
+           "value": lambda gs: optim.clip_grad_value(gs, 0.3),
+           "centralize": optim.centralize_gradients}
+
+    def step(i, v, w):
+        rows, dense = fns[transform]([go.ops.rows(i, v, table), w])
+        assert isinstance(rows, go.Rows) and rows.unique
+        return rows.dense(), dense
+
+    got_rows, got_dense = (go.jit(step) if mode == "jit" else step)(idx, values, other)
+    dense = np.zeros(table)
+    np.add.at(dense, idx[idx < 5], values[idx < 5])
+    want_rows, want_dense = fns[transform]([dense, other])
+    np.testing.assert_allclose(np.asarray(got_rows), np.asarray(want_rows), rtol=1e-14, atol=1e-15)
+    np.testing.assert_allclose(np.asarray(got_dense), np.asarray(want_dense), rtol=1e-14)
+    assert not np.asarray(got_rows)[[2, 3]].any()  # rows no index touched

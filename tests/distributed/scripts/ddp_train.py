@@ -1,6 +1,7 @@
 """A small MLP trained data-parallel; run under mpiexec, or imported for the one-process run.
 
-    mpiexec -n N python ddp_train.py OUT [CASE...]      CASE: optimizer:zero[:clip], e.g. adam:2
+    mpiexec -n N python ddp_train.py OUT [CASE...]      CASE: optimizer:zero[:clip][:embed]
+                                                        e.g. adam:2, lazyadam:0:embed
 
 Each rank trains each case on its slice of the same batch and writes, per case, its
 parameters, losses, the bytes of optimizer state it holds and the collectives of its step
@@ -27,17 +28,29 @@ OPTIMIZERS = {
     "adamw": lambda p: optim.AdamW(p, lr=0.01, weight_decay=0.1),
     "lamb": lambda p: optim.LAMB(p, lr=0.01, weight_decay=0.01),
 }
+ROW_OPTIMIZERS = {"lazyadam": lambda p: optim.LazyAdam(p, lr=0.01)}  # for embed
+VOCAB = 20  # embed: the first layer looks up 5 features of 2 ids per example in a table
 
 
-def data(dtype):
+def parse(case: str) -> tuple[str, int, bool, bool]:
+    """optimizer, zero stage, clip, embed."""
+    opt, zero, *flags = case.split(":")
+    return opt, int(zero), "clip" in flags, "embed" in flags
+
+
+def data(dtype, embed=False):
     rng = np.random.default_rng(0)
-    return (rng.standard_normal((BATCH, SIZES[0][0])).astype(dtype),
-            rng.integers(0, SIZES[-1][1], BATCH).astype(np.int32))
+    x = rng.standard_normal((BATCH, SIZES[0][0])).astype(dtype)
+    labels = rng.integers(0, SIZES[-1][1], BATCH).astype(np.int32)
+    return (rng.integers(0, VOCAB, (BATCH, 2)) if embed else x), labels
 
 
-def init(dtype):
+def init(dtype, embed=False):
     rng = np.random.default_rng(1)
     params = {}
+    if embed:  # a row gradient: the rows of the ids looked up
+        params["emb"] = go.Parameter(rng.standard_normal((VOCAB, SIZES[0][0])).astype(dtype),
+                                     name="emb")
     for i, (a, b) in enumerate(SIZES):
         params[f"fc{i}.w"] = go.Parameter((rng.standard_normal((a, b)) / np.sqrt(a)).astype(dtype),
                                           name=f"fc{i}.w")
@@ -46,16 +59,16 @@ def init(dtype):
 
 
 def train(opt_name: str, steps: int, clip: bool, dtype=np.float64, parallel=None,
-          rank: int = 0, ranks: int = 1):
+          rank: int = 0, ranks: int = 1, embed: bool = False):
     """Train from the same start; returns the parameters, the optimizer and the losses."""
-    x, labels = data(dtype)
+    x, labels = data(dtype, embed)
     part = BATCH // ranks
     x, labels = x[rank * part:(rank + 1) * part], labels[rank * part:(rank + 1) * part]
-    params = init(dtype)
-    opt = OPTIMIZERS[opt_name](params)
+    params = init(dtype, embed)
+    opt = {**OPTIMIZERS, **ROW_OPTIMIZERS}[opt_name](params)
 
     def loss_fn(x, labels):
-        h = x
+        h = ops.mean(ops.embedding(params["emb"], x, sparse=True), axis=1) if embed else x
         for i in range(len(SIZES)):
             h = h @ params[f"fc{i}.w"] + params[f"fc{i}.b"]
             if i < len(SIZES) - 1:
@@ -92,10 +105,10 @@ def main(argv: list[str]) -> None:
     dist.init()
     out = {}
     for case in a.cases:
-        opt_name, zero, *clip = case.split(":")
-        parallel = dist.DataParallel(zero=int(zero), bucket_bytes=a.bucket_bytes)
-        params, opt, losses, compiled = train(opt_name, a.steps, bool(clip), np.dtype(a.dtype),
-                                              parallel, dist.rank(), dist.world_size())
+        opt_name, zero, clip, embed = parse(case)
+        parallel = dist.DataParallel(zero=zero, bucket_bytes=a.bucket_bytes)
+        params, opt, losses, compiled = train(opt_name, a.steps, clip, np.dtype(a.dtype),
+                                              parallel, dist.rank(), dist.world_size(), embed)
         out[case] = {"params": {k: p.numpy().tolist() for k, p in params.items()},
                      "losses": losses, "state_bytes": state_bytes(opt),
                      "memory_report": str(compiled.memory_report()),
