@@ -9,7 +9,7 @@ from hypothesis import strategies as st
 
 import graphopt as go
 from graphopt import ops, passes
-from graphopt.ir import kernel
+from graphopt.ir import kernel, parse
 from graphopt.passes import PassError
 from support import run_program
 
@@ -262,3 +262,46 @@ def test_a_reductions_result_is_bytes_written_not_read():
                                 "  return %1\n}"), "fuse").graph
     (kernel,) = graph.nodes
     assert node_bytes(kernel) == (4000, 4)
+
+
+# -- diffs that pair values by identity -------------------------------------------------------
+def _diff_lines(diff):
+    body = [l for l in diff.splitlines() if not l.startswith(("---", "+++", "@@"))]
+    return [l[1:].strip() for l in body if l[:1] == "-"], [l[1:].strip() for l in body if l[:1] == "+"]
+
+
+def _defined(lines):
+    return {l.split(" = ")[0] for l in lines if " = " in l}
+
+
+def test_a_cse_merge_diffs_as_the_one_node_that_went_away():
+    g = parse("""graph g {
+      arg %x: f32[4]
+      %0 = multiply %x, %x : f32[4]
+      %1 = multiply %x, %x : f32[4]
+      %2 = exp %0 : f32[4]
+      %3 = exp %2 : f32[4]
+      %4 = negative %3 : f32[4]
+      %5 = add %4, %1 : f32[4]
+      return %5
+    }""")
+    removed, added = _diff_lines(passes.run(g, "cse", diffs=True).stats[0].diff)
+    assert _defined(removed) - _defined(added) == {"%1"}, (removed, added)
+    assert added == ["%5 = add %4, %0 : f32[4]"]  # its one reader, which reads %0 now
+    assert not any(l.startswith(("%2", "%3", "%4")) for l in removed + added)  # no renumbering
+
+
+def test_a_removed_node_renumbers_nothing_and_a_fused_node_keeps_its_name():
+    g = parse("""graph g {
+      arg %x: f32[4]
+      %0 = negative %x : f32[4]
+      %1 = exp %x : f32[4]
+      %2 = log %1 : f32[4]
+      %3 = transpose %2 {perm=[0]} : f32[4]
+      return %3
+    }""")
+    removed, added = _diff_lines(passes.run(g, "dce", diffs=True).stats[0].diff)
+    assert (removed, added) == (["%0 = negative %x : f32[4]"], [])
+    removed, added = _diff_lines(passes.run(g, "dce,fuse", diffs=True).stats[1].diff)
+    assert [l for l in added if " = kernel " in l][0].startswith("%2 = kernel %x")
+    assert "%3 = transpose %2 {perm=[0]} : f32[4]" not in removed + added  # unchanged

@@ -74,17 +74,24 @@ def quote(name: str) -> str:
 
 
 class Namer:
-    """Stable names: inputs keep theirs, node results are numbered in order of definition."""
+    """Stable names: inputs keep theirs, node results are numbered in order of definition.
 
-    def __init__(self) -> None:
+    `keep`: names some values already have (an earlier printing's, by identity): they keep
+    them, and new values get numbers none of those has. A pass's diff prints the graph after
+    it so, and shows only what the pass changed, not the renumbering of every later value."""
+
+    def __init__(self, keep: dict[Value, str] | None = None) -> None:
         self.names: dict[Value, str] = {}
-        self.taken: set[str] = set()
+        self.keep = keep or {}
+        self.taken: set[str] = set(self.keep.values())
         self.counter = 0
 
     def define(self, v: Value) -> str:
         if v in self.names:  # used before its definition (a broken graph): keep that name
             return self.names[v]
-        if v.kind == "param":
+        if v in self.keep:
+            name = self.keep[v]
+        elif v.kind == "param":
             name = f"@{quote(v.name)}"
         elif v.kind == "arg":
             name = f"%{quote(v.name)}"
@@ -112,6 +119,28 @@ def value_names(graph: Graph) -> dict[Value, str]:
         for v in n.outputs:
             name.define(v)
     return name.names
+
+
+def kept_names(before: dict[Value, str], replaced: dict[Value, Value],
+               graph: Graph) -> dict[Value, str]:
+    """The names a graph's values keep from an earlier printing (`before`, by identity),
+    after a rewrite that replaced values (`replaced`: old -> new, in order): a value that was
+    there keeps its name; a new value that took the place of one that is gone takes its name
+    (a node fused into a kernel: the kernel's result is still `%3`)."""
+    keep = dict(before)
+    live = set(graph.inputs) | {v for n in graph.nodes for v in n.outputs}
+    for old, new in replaced.items():  # in order: a chain old -> mid -> new ends at new
+        if old in keep and new not in keep and old not in live:  # the first old one's
+            keep[new] = keep[old]
+    owners: dict[str, list[Value]] = {}
+    for v in live:
+        if v in keep:
+            owners.setdefault(keep[v], []).append(v)
+    for name, vs in owners.items():  # a name two live values would take stays the old one's
+        for v in vs:
+            if len(vs) > 1 and v not in before:
+                del keep[v]
+    return {v: name for v, name in keep.items() if v in live}
 
 
 def format_attrs(node: Node) -> str:
@@ -167,8 +196,10 @@ def _region(graph: Graph, name: Namer, indent: str, locs: bool) -> list[str]:
     return lines + [ret]
 
 
-def format_graph(graph: Graph, *, locs: bool = False) -> str:
+def format_graph(graph: Graph, *, locs: bool = False, keep: dict[Value, str] | None = None
+                 ) -> str:
     """The text form of a graph (what `str(graph)` and `graph.format()` give), which `parse`
-    reads back; `locs=True` adds each node's source location."""
-    lines = _region(graph, Namer(), "  ", locs)
+    reads back; `locs=True` adds each node's source location; `keep`: names values keep
+    (Namer's)."""
+    lines = _region(graph, Namer(keep), "  ", locs)
     return "\n".join([f"graph {quote(graph.name)} {{"] + lines + ["}"])

@@ -18,8 +18,10 @@ graph (rule `uses`).
 """
 from __future__ import annotations
 
+import contextlib
 import operator
-from collections.abc import Iterable
+import threading
+from collections.abc import Iterable, Iterator
 from typing import TYPE_CHECKING, Self
 
 if TYPE_CHECKING:
@@ -138,12 +140,30 @@ def operands_property(slot: str, doc: str) -> property:
     return property(get, assign, doc=doc)
 
 
+_recording = threading.local()
+
+
+@contextlib.contextmanager
+def recording_replacements() -> Iterator[dict[Value, Value]]:
+    """The replacements made in this thread while it lasts (old -> new, in order): how a
+    pass's diff knows which new value took an old one's place."""
+    outer = getattr(_recording, "log", None)
+    _recording.log = log = {}
+    try:
+        yield log
+    finally:
+        _recording.log = outer
+
+
 def replace_all_uses(mapping: dict[Value, Value]) -> None:
     """Value.replace_all_uses_with for many values at once, each reader rewritten once (a
     return with thousands of effect tokens once, not once per token). Node outputs only."""
     inputs = [old for old in mapping if old.users is None]
     if inputs:
         raise ValueError(f"{inputs[0]!r} is a graph input, which no rewrite replaces")
+    log = getattr(_recording, "log", None)
+    if log is not None:
+        log.update(mapping)
     for reader in dict.fromkeys(u for old in mapping for u in old.users):
         for ops in reader.operand_lists():
             ops.remap(mapping)

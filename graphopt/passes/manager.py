@@ -21,6 +21,8 @@ from typing import Any, Callable, Iterable, TextIO
 
 from ..errors import GraphoptError, VerifyError
 from ..ir.graph import Graph, Location
+from ..ir.printer import format_graph, kept_names, value_names
+from ..ir.uses import recording_replacements
 from ..ir.verifier import verify
 from .cost import graph_bytes
 
@@ -252,10 +254,15 @@ def _run_pass(g: Graph, name: str, ctx: PassContext, memo: dict[int, tuple[int, 
     graph's fingerprint as the previous pass left it, when there was one)."""
     before = fingerprint(g) if before is None else before
     before_text = g.format(locs=True) if diffs else ""
+    # The diff pairs values by identity: those the pass kept, and new ones in the place of
+    # old ones, print with their names from before it, so only what it changed shows (not
+    # every later value renumbered).
+    names = value_names(g) if diffs else {}
     nodes_before, kernels_before = _sizes(g)
     ctx.current = name
     start = time.perf_counter()
-    counters = PASSES[name].run(g, ctx) or {}
+    with recording_replacements() as replaced:
+        counters = PASSES[name].run(g, ctx) or {}
     seconds = time.perf_counter() - start
     if verify:
         _verify(g, f"the graph does not verify after pass '{name}' (pipeline "
@@ -265,7 +272,7 @@ def _run_pass(g: Graph, name: str, ctx: PassContext, memo: dict[int, tuple[int, 
     diff = ""
     if diffs and changed:
         diff = "".join(difflib.unified_diff(
-            before_text.splitlines(True), g.format(locs=True).splitlines(True),
+            before_text.splitlines(True), format_graph(g, locs=True, keep=kept_names(names, replaced, g)).splitlines(True),
             f"before {name}", f"after {name}", n=1))
     read, written = graph_bytes(g, memo)
     return PassStats(name, seconds, nodes_before, len(g.nodes), kernels_before, _sizes(g)[1],
