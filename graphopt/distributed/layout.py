@@ -62,6 +62,17 @@ class Bucket:
         counts = self.sizes + [self.padded - self.total]
         return np.repeat(np.arange(len(counts), dtype=np.int32), counts)
 
+    def parts(self, rank: int) -> list[tuple[int, int, int, int]]:
+        """What rank's shard holds: (member, start, stop, at) for each member it overlaps, its
+        flat elements [start, stop) lying at `at` in the shard (the rest is padding)."""
+        lo, hi = rank * self.shard, (rank + 1) * self.shard
+        out = []
+        for member, (offset, n) in enumerate(zip(self.offsets, self.sizes)):
+            a, b = max(lo, offset), min(hi, offset + n)
+            if a < b:
+                out.append((member, a - offset, b - offset, a - lo))
+        return out
+
 
 def pack(sizes: Sequence[int], bucket_bytes: int,
          fits: Callable[[list[int], int], bool] | None = None) -> list[list[int]]:

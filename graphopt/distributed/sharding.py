@@ -18,8 +18,9 @@ one reduce_scatter of the bucket (zero=2) or one all_reduce of it (zero=1).
 """
 from __future__ import annotations
 
+import weakref
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Mapping
+from typing import TYPE_CHECKING, Any, Iterable, Mapping
 
 import numpy as np
 
@@ -80,11 +81,41 @@ class ShardSlot(Slot):
 
 @dataclass
 class ShardedBucket:
-    """One bucket of an optimizer under ZeRO: its members, layout and shard state."""
+    """One bucket of an optimizer under ZeRO: its members, layout and shard state, with the
+    names each member's state had before it was sharded (`logical[key]`, member by member:
+    what a checkpoint calls it) and the value the padding starts from (`fills[key]`)."""
 
     slots: list[Slot]
     layout: Bucket
     state: dict[str, Parameter]
+    logical: dict[str, list[str]]
+    fills: dict[str, float]
+
+
+@dataclass(frozen=True)
+class ShardOf:
+    """Where a shard-state Parameter lies in the state one process would hold: the bucket's
+    member tensors (their names and shapes, every member's, not only this rank's), the parts
+    of them this shard holds (`Bucket.parts`: member, start, stop, at) and the fill of the
+    rest (the padding)."""
+
+    names: tuple[str, ...]
+    shapes: tuple[tuple[int, ...], ...]
+    parts: tuple[tuple[int, int, int, int], ...]
+    fill: float
+
+
+# Every Sharding made, while its optimizer lives: a checkpoint finds shard state by it.
+_LIVE: weakref.WeakSet[Sharding] = weakref.WeakSet()
+
+
+def shards_of(params: Iterable[Parameter]) -> dict[int, ShardOf]:
+    """Which of `params` are ZeRO shard state (of any optimizer's Sharding), by id."""
+    wanted = {id(p) for p in params}
+    return {id(p): ShardOf(tuple(b.logical[key]), b.layout.shapes,
+                           tuple(b.layout.parts(s.rank)), b.fills[key])
+            for s in list(_LIVE) for bs in s.buckets.values() for b in bs
+            for key, p in b.state.items() if id(p) in wanted}
 
 
 class Sharding:
@@ -107,11 +138,15 @@ class Sharding:
                 for indices in pack(sizes, bucket_bytes):
                     slots = [batch[i] for i in indices]
                     layout = Bucket(tuple(s.param.shape for s in slots), ranks)
+                    keys = list(slots[0].state)
                     out.append(ShardedBucket(slots, layout, self._shard_state(
-                        opt, slots, layout, fills, f"{pg.index}.{len(out)}")))
+                        opt, slots, layout, fills, f"{pg.index}.{len(out)}"),
+                        {k: [s.state[k].name for s in slots] for k in keys},
+                        {k: float(fills.get(k, 0)) for k in keys}))
         for bucket in (b for bs in self.buckets.values() for b in bs):
             for s in bucket.slots:
                 s.state = {}  # the whole state is this rank's shards now
+        _LIVE.add(self)
 
     def _shard_state(self, opt: Optimizer, slots: list[Slot], layout: Bucket,
                      fills: Mapping[str, float], tag: str) -> dict[str, Parameter]:

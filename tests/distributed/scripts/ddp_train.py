@@ -59,13 +59,16 @@ def init(dtype, embed=False):
 
 
 def train(opt_name: str, steps: int, clip: bool, dtype=np.float64, parallel=None,
-          rank: int = 0, ranks: int = 1, embed: bool = False):
-    """Train from the same start; returns the parameters, the optimizer and the losses."""
+          rank: int = 0, ranks: int = 1, embed: bool = False, start=None):
+    """Train from the same start (or from where `start(params, opt)`, called before the first
+    step, puts them: a checkpoint); returns the parameters, the optimizer and the losses."""
     x, labels = data(dtype, embed)
     part = BATCH // ranks
     x, labels = x[rank * part:(rank + 1) * part], labels[rank * part:(rank + 1) * part]
     params = init(dtype, embed)
     opt = {**OPTIMIZERS, **ROW_OPTIMIZERS}[opt_name](params)
+    if start is not None:
+        start(params, opt)
 
     def loss_fn(x, labels):
         h = ops.mean(ops.embedding(params["emb"], x, sparse=True), axis=1) if embed else x

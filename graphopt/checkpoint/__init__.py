@@ -1,8 +1,22 @@
 """Checkpoints: every Parameter of a run (weights, optimizer state, hyper-parameters, step
-counters, loss scale) saved to one `.npz`, by name, and restored bit for bit.
+counters, loss scale) saved by name, and restored bit for bit.
 
     graphopt.save("run.npz", params, opt, scaler)      # after step 500
     graphopt.load("run.npz", params, opt, scaler)      # a fresh process continues exactly
+
+What is saved are logical tensors, the ones a single process holds (logical.py): under
+`DataParallel(zero=1|2)` the optimizer state a rank holds is shards of flat buckets, saved
+as the parts of the per-parameter tensors (`fc0.w.exp_avg`) they are. One process saves one
+`.npz` (below). In a job of several ranks (graphopt.distributed.init()), `save` and `load`
+are collectives, called by every rank with the same objects: `save` writes a directory
+(sharded.py) in which each rank wrote only what it holds, atomically as a whole (complete or
+absent: a rank killed mid-save leaves the previous checkpoint loadable); `load` reads either
+form at any world size and zero stage, each rank reading only the tensors (of a directory:
+the byte ranges) its Parameters take. Under ZeRO the optimizer's shards exist from its first
+step (or `parallel.sharding(opt)`); loaded before, a rank reads its state whole, as the
+optimizer holds it until then. On every rank the checks below come first, and the ranks
+agree (a collective) before any assigns: a problem on one rank is a CheckpointError on
+every rank, and nothing changed anywhere.
 
 Everything a step reads lives in Parameters, so restoring their bytes restores the run: a
 resumed run takes the same steps as an uninterrupted one, bit for bit. Objects are anything
@@ -30,6 +44,7 @@ traced, and never again.
 from __future__ import annotations
 
 import contextlib
+import functools
 import json
 import lzma
 import math
@@ -40,14 +55,15 @@ import threading
 import tokenize
 import zipfile
 import zlib
-from typing import IO, Any, Iterable, Mapping
+from typing import IO, Any, Callable, Iterable, Mapping
 
 import numpy as np
 
-from .errors import CheckpointError, OptimizerError
-from .frontend import Parameter, assign
-from .frontend.traces import current_trace
-from .ir.types import DTYPES, DType, TensorType, bf16, to_dtype
+from .. import comm
+from ..errors import CheckpointError, OptimizerError
+from ..frontend import Parameter, assign
+from ..frontend.traces import current_trace
+from ..ir.types import DTYPES, DType, TensorType, bf16, to_dtype
 
 FORMAT = 1
 _META = "__graphopt__"
@@ -88,14 +104,24 @@ def collect(params: Any, *objects: Any) -> list[Parameter]:
 
 # -- saving ---------------------------------------------------------------------------------------
 def save(path: str | os.PathLike, params: Any, *objects: Any) -> None:
-    """Write every Parameter of `params` and `objects` to `path` (.npz), atomically: the old
-    file stays whole until the new one is complete, and a failed save leaves it as it was
-    (a CheckpointError says why).
+    """Write every Parameter of `params` and `objects` to `path`, atomically: the old
+    checkpoint stays whole until the new one is complete, and a failed save leaves it as it
+    was (a CheckpointError says why). One process writes an .npz file; a job of several
+    ranks, every rank calling save, a directory (graphopt/checkpoint/sharded.py).
 
     `params` is a list of Parameters or a dict by name; `objects` are anything with
     `.parameters()`: optimizers, `Accumulate`, loss scalers."""
+    from .logical import plan, whole
     path = _path(path, "save")
     _refuse_in_trace("save", path)
+    world = comm.group("world")
+    if world.size > 1:
+        from . import sharded
+        agreed = functools.partial(_agreed, world, unchanged="the previous checkpoint is "
+                                                             "unchanged")
+        planned = agreed(lambda: plan(collect(params, *objects), path), share=False)
+        sharded.save(path, *planned, world, agreed)
+        return
     ps = collect(params, *objects)
     if any(p.name == _META for p in ps):
         raise CheckpointError(f"{path}: a Parameter is named '{_META}', the name of the "
@@ -103,8 +129,9 @@ def save(path: str | os.PathLike, params: Any, *objects: Any) -> None:
     if os.path.isdir(path):
         raise CheckpointError(f"{path}: is a directory; save writes a file (a name such as "
                               f"{os.path.join(path, 'run.npz')})")
-    arrays = {p.name: _raw(p.numpy()) for p in ps}
-    meta = {"format": FORMAT, "dtypes": {p.name: p.dtype.name for p in ps}}
+    holdings, types = plan(ps, path)
+    arrays = {n: _raw(a) for n, a in whole(holdings, types, path).items()}
+    meta = {"format": FORMAT, "dtypes": {n: t.dtype.name for n, t in types.items()}}
     arrays[_META] = np.array(json.dumps(meta))
     # Next to the target (a rename stays in one file system), one name per process and thread.
     tmp = f"{path}.tmp{os.getpid()}.{threading.get_ident()}"
@@ -136,16 +163,71 @@ def _stored(d: DType) -> np.dtype:
 # -- loading --------------------------------------------------------------------------------------
 def load(path: str | os.PathLike, params: Any, *objects: Any) -> None:
     """Restore every Parameter of `params` and `objects` (as `save` takes them) from
-    `path`. Checks the file (a regular file, an .npz of .npy arrays, no pickle), its
-    metadata, every name, shape and dtype, and the values as the objects' constructors
-    check them, before changing anything; any problem is a CheckpointError that names the
-    file and the entry."""
+    `path`: an .npz or a sharded checkpoint's directory, saved at any world size and zero
+    stage. Checks the file (a regular file, an .npz of .npy arrays, no pickle; or the
+    manifest and the CRC-32 of every block read), its metadata, every name, shape and dtype,
+    and the values as the objects' constructors check them, before changing anything; any
+    problem is a CheckpointError that names the file and the entry (in a job of several
+    ranks, on every rank, naming the rank that found it)."""
+    from .logical import assemble, plan
     path = _path(path, "load")
     _refuse_in_trace("load", path)
-    targets = collect(params, *objects)
-    with _open_regular(path) as f:
-        arrays = _read(f, path, targets)
-    restore(targets, arrays, path, objects)
+
+    def read() -> tuple[list[Parameter], dict[str, np.ndarray]]:
+        targets = collect(params, *objects)
+        holdings, types = plan(targets, path)
+        with _source(path, types) as part:
+            values = {h.param.name: assemble(h, part) for h in holdings}
+        return targets, _checked(targets, values, path, objects)
+
+    targets, values = _agreed(comm.group("world"), read, share=False,
+                              unchanged="nothing was loaded on any rank")
+    for p in targets:
+        assign(p, values[p.name])
+
+
+@contextlib.contextmanager
+def _source(path: str, types: Mapping[str, TensorType]):
+    """The checkpoint at `path` checked against the logical tensors `types`: read(name,
+    start, stop), flat elements of one."""
+    if not os.path.isdir(path):
+        with _open_regular(path) as f:
+            arrays = _read(f, path, types)
+        yield lambda name, start, stop: arrays[name].reshape(-1)[start:stop]
+        return
+    from . import sharded
+    if not os.path.exists(os.path.join(path, sharded.MANIFEST)):
+        raise CheckpointError(f"{path}: is a directory, not a checkpoint file (nor a sharded "
+                              f"checkpoint: it has no {sharded.MANIFEST})")
+    source = sharded.Source(path, _open_regular)
+    try:
+        check_types(types, {n: (t.dtype, t.shape) for n, t in source.types.items()}, path)
+        yield source.read
+    finally:
+        source.close()
+
+
+def _agreed(world: Any, action: Callable[[], Any], on_failure: Callable[[], None] | None = None,
+            *, unchanged: str, share: bool = True) -> Any:
+    """action() on every rank of `world`, then a collective: if it raised a CheckpointError
+    on any rank, it raises one on every rank (after `on_failure`), naming the rank. Returns
+    every rank's result (`share`) or this rank's."""
+    if world.size == 1:
+        return [action()] if share else action()
+    try:
+        result, error = action(), None
+    except CheckpointError as e:
+        result, error = None, e.message
+    got = world.gather_objects((error, result if share else None))
+    failed = [r for r, (e, _) in enumerate(got) if e is not None]
+    if failed:
+        if on_failure is not None:
+            on_failure()
+            world.gather_objects(None)  # every rank returns once it is done
+        where = f"rank {failed[0]}" if len(failed) == 1 else \
+            f"ranks {', '.join(map(str, failed))}"
+        raise CheckpointError(f"{got[failed[0]][0]} (on {where} of {world.size}); {unchanged}")
+    return [r for _, r in got] if share else result
 
 
 def restore(params: Iterable[Parameter], arrays: Mapping[str, Any], source: str,
@@ -155,6 +237,14 @@ def restore(params: Iterable[Parameter], arrays: Mapping[str, Any], source: str,
     `check_loaded(values)`, if it has one). Nothing changes if any check fails."""
     _refuse_in_trace("restore", source)
     params = list(params)
+    values = _checked(params, arrays, source, objects)
+    for p in params:
+        assign(p, values[p.name])
+
+
+def _checked(params: list[Parameter], arrays: Mapping[str, Any], source: str,
+             objects: Iterable[Any]) -> dict[str, np.ndarray]:
+    """The arrays, by name, once restore's checks pass."""
     if not isinstance(arrays, Mapping):
         raise CheckpointError(f"{source}: the arrays must be a dict by Parameter name, got "
                               f"{type(arrays).__name__}")
@@ -174,33 +264,38 @@ def restore(params: Iterable[Parameter], arrays: Mapping[str, Any], source: str,
                 check(values)
             except OptimizerError as e:
                 raise CheckpointError(f"{source}: {e.message}") from None
-    for p in params:
-        assign(p, values[p.name])
+    return values
 
 
 def check_entries(params: Iterable[Parameter], entries: Mapping[str, tuple[Any, tuple]],
                   source: str) -> None:
     """The entries (name -> (dtype, shape); a graphopt or a numpy dtype) are exactly the
     Parameters' names, each with its Parameter's shape and dtype."""
-    params = list(params)
-    names = {p.name for p in params}
-    missing = [p.name for p in params if p.name not in entries]
-    extra = sorted(set(entries) - names)
+    check_types({p.name: p.type for p in params}, entries, source)
+
+
+def check_types(expected: Mapping[str, TensorType], entries: Mapping[str, tuple[Any, tuple]],
+                source: str) -> None:
+    """The entries (name -> (dtype, shape)) are exactly the expected tensors' names, each with
+    its type."""
+    missing = [n for n in expected if n not in entries]
+    extra = sorted(set(entries) - set(expected))
     if missing or extra:
         parts = ([f"missing {missing}"] if missing else []) + \
             ([f"unexpected {extra}"] if extra else [])
         raise CheckpointError(f"{source}: {'; '.join(parts)}")
-    for p in params:
-        dtype, shape = entries[p.name]
+    for name, t in expected.items():
+        dtype, shape = entries[name]
         d = dtype if isinstance(dtype, DType) else _graphopt_dtype(dtype)
-        if d != p.dtype or tuple(shape) != p.shape:
-            raise CheckpointError(f"{source}: '{p.name}' is {_describe(dtype, shape)}, the "
-                                  f"parameter is {p.type}")
+        if d != t.dtype or tuple(shape) != t.shape:
+            raise CheckpointError(f"{source}: '{name}' is {_describe(dtype, shape)}, the "
+                                  f"parameter is {t}")
 
 
-def _read(f: IO[bytes], path: str, targets: list[Parameter]) -> dict[str, np.ndarray]:
-    """The arrays of a checkpoint file, checked against its metadata and against `targets`
-    (names, shapes and dtypes from each array's header, before its data is read)."""
+def _read(f: IO[bytes], path: str, types: Mapping[str, TensorType]) -> dict[str, np.ndarray]:
+    """The arrays of a checkpoint file, checked against its metadata and against the logical
+    tensors `types` (names, shapes and dtypes from each array's header, before its data is
+    read)."""
     head = f.read(8)
     f.seek(0)
     if not head:
@@ -249,7 +344,7 @@ def _read(f: IO[bytes], path: str, targets: list[Parameter]) -> dict[str, np.nda
                                           f"says {dtypes[name]} ({want.str}); graphopt does "
                                           f"not reinterpret bits")
                 shapes[name] = shape
-        check_entries(targets, {n: (dtypes[n], shapes[n]) for n in members}, path)
+        check_types(types, {n: (dtypes[n], shapes[n]) for n in members}, path)
         return {name: _data(archive, info, path, name, dtypes[name])
                 for name, info in members.items()}
 
