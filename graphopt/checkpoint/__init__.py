@@ -478,4 +478,4 @@ def _describe(dtype: Any, shape: tuple) -> str:
     return str(TensorType(shape, d)) if d is not None else f"{np.dtype(dtype)}{list(shape)}"
 
 
-__all__ = ["save", "load", "restore", "collect", "check_entries"]
+__all__ = ["save", "load", "restore", "collect", "check_entries", "check_types"]

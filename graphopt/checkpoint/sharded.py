@@ -130,7 +130,8 @@ def _write(data: str, rank: int, holdings: list[Holding], owners: dict[str, int]
                 for part in h.parts:
                     raw = np.ascontiguousarray(h.piece(part))
                     wire = _wire(h.param.type)
-                    raw = (raw.view(np.uint16) if h.param.dtype == bf16 else raw).astype(wire)
+                    raw = (raw.view(np.uint16) if h.param.dtype == bf16 else raw).astype(
+                        wire, copy=False)
                     parts.append([part.name, writer.size, part.start, part.stop])
                     writer.write(f, raw.view(np.uint8))
             f.flush()
@@ -307,7 +308,7 @@ class Source:
                 at = offset + (lo - a) * wire.itemsize
                 out[lo - start:hi - start] = np.frombuffer(
                     self._bytes(file, at, at + (hi - lo) * wire.itemsize), wire)
-        native = out.astype(wire.newbyteorder("="))
+        native = out.astype(wire.newbyteorder("="), copy=False)
         return native.view(bf16.np_dtype) if t.dtype == bf16 else native
 
     def _bytes(self, file: str, start: int, stop: int) -> bytes:
