@@ -92,7 +92,7 @@ def _directories(path: str, data: str) -> None:
         os.mkdir(data)
     except OSError as e:
         raise CheckpointError(f"{path}: the checkpoint's directory could not be made "
-                              f"({e.strerror or e}); nothing was changed") from None
+                              f"({e.strerror or e})") from None
 
 
 def _owners(ranks: list[tuple], types: dict[str, TensorType], path: str) -> dict[str, int]:
@@ -106,9 +106,9 @@ def _owners(ranks: list[tuple], types: dict[str, TensorType], path: str) -> dict
         differ = [r for r, rank in enumerate(ranks) if rank[2][i][1] != crc]
         if differ:
             raise CheckpointError(f"{path}: '{name}' differs between rank 0 and rank "
-                                  f"{differ[0]}, though it is not sharded: data-parallel "
-                                  f"ranks hold the same weights (gradient sums are equal at an "
-                                  f"update boundary: save there)")
+                                  f"{differ[0]}, though no rank holds a shard of it: each rank "
+                                  f"writes a part of what all hold, so it must be the same on "
+                                  f"every rank")
     load = [0] * len(ranks)
     owners = {}
     for name, _ in ranks[0][2]:
@@ -137,9 +137,9 @@ def _write(data: str, rank: int, holdings: list[Holding], owners: dict[str, int]
             f.flush()
             os.fsync(f.fileno())  # a full disk may only say so here
     except OSError as e:
+        shared = "; the ranks must share a file system" if isinstance(e, FileNotFoundError) else ""
         raise CheckpointError(f"{data}: rank {rank}'s file could not be written "
-                              f"({e.strerror or e}; the ranks must share a file system)") \
-            from None
+                              f"({e.strerror or e}{shared})") from None
     return name, parts, writer.size, writer.done()
 
 
@@ -187,20 +187,21 @@ def _commit(path: str, token: str, ranks: list[tuple], types: dict[str, TensorTy
             f.flush()
             os.fsync(f.fileno())
         os.replace(tmp, final)  # the commit: before it the old checkpoint, after it the new
-        _fsync_directory(path)
     except OSError as e:
         with contextlib.suppress(OSError):
             os.unlink(tmp)
-        raise CheckpointError(f"{path}: the manifest could not be written ({e.strerror or e});"
-                              f" the previous checkpoint is unchanged") from None
-    for entry in os.listdir(path):  # what earlier saves left: old data, killed saves' data
-        if entry != manifest["data"] and (_DATA.fullmatch(entry) or
-                                          entry.startswith(f"{MANIFEST}.tmp-")):
-            full = os.path.join(path, entry)
-            if os.path.isdir(full):
-                shutil.rmtree(full, ignore_errors=True)
-            else:
-                with contextlib.suppress(OSError):
+        raise CheckpointError(f"{path}: the manifest could not be written "
+                              f"({e.strerror or e})") from None
+    # Committed: nothing from here on may fail the save (a failed save removes its data).
+    with contextlib.suppress(OSError):
+        _fsync_directory(path)
+        for entry in os.listdir(path):  # what earlier saves left: old data, killed saves' data
+            if entry != manifest["data"] and (_DATA.fullmatch(entry) or
+                                              entry.startswith(f"{MANIFEST}.tmp-")):
+                full = os.path.join(path, entry)
+                if os.path.isdir(full):
+                    shutil.rmtree(full, ignore_errors=True)
+                else:
                     os.unlink(full)
 
 

@@ -114,6 +114,7 @@ if "checks" in ARGS:
         go.assign(params["fc0.b"], bias + 1)
     c.raises("weights that differ between ranks", CheckpointError,
              lambda: go.save(good, params, opt), "'fc0.b' differs between rank 0 and rank 1",
+             "must be the same on every rank",
              "the previous checkpoint is unchanged")
     go.assign(params["fc0.b"], bias)
     c.check("a failed save leaves the directory as it was", sorted(os.listdir(good)) == files,
