@@ -12,7 +12,8 @@ from support import needs_mpi, run_mpi
 pytestmark = needs_mpi
 SCRIPTS = Path(__file__).parent / "scripts"
 # Generous: another test run may share the machine's two cores.
-ENDS_WITHIN = 20.0  # seconds from a failure to the end of the job (measured: 1 to 2)
+ENDS_WITHIN = 60.0  # seconds from a failure to the end of the job (measured: 1 to 2; 20 s
+# was passed at a load average of 9), well short of the collective timeout (300 s)
 
 
 @pytest.mark.parametrize("n, via", [(1, "python"), (2, "mpiexec"), (4, "mpi4py")],
