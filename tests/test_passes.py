@@ -27,7 +27,7 @@ def sgd_graph():
 
 
 def test_unknown_pass_lists_the_known_ones():
-    with pytest.raises(PassError, match="unknown pass nope; known passes: bucket, cse, dce, fold, fuse, hfuse, rowfuse"):
+    with pytest.raises(PassError, match="unknown pass nope; known passes: bucket, cse, dce, fold, fuse, hfuse, one_rank, rowfuse"):
         passes.run(sgd_graph(), "dce,nope")
     with pytest.raises(PassError):
         go.jit(lambda x: x, passes="dce,nope")

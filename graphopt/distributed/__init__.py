@@ -8,7 +8,7 @@ averaged over the ranks, packed into buckets, and with zero=1|2 the optimizer st
 the gradients) sharded. `check_same` checks that every rank is about to run the same step.
 mpi4py is imported by `init`, not by this package: `pip install 'graphopt[dist]'`.
 """
-from . import passes  # noqa: F401  (registers the bucket and zero passes)
+from . import one_rank, passes  # noqa: F401  (register the one_rank, bucket and zero passes)
 from .fingerprint import check_same, fingerprint
 from .mpi import MPICommunicator
 from .parallel import DataParallel

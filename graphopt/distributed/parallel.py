@@ -10,7 +10,7 @@ the single-process one; the strategy adds the communication where it belongs:
 - **the optimizer** (`sharding`, zero >= 1): each rank keeps and updates only its shard of
   the flat buckets of parameters (sharding.py).
 - **the passes** (`pipeline`): `zero` (zero >= 1) and `bucket` run before the default
-  pipeline (passes.py), with `bucket_bytes`.
+  pipeline (passes.py), with `bucket_bytes`; at one rank `one_rank` (one_rank.py) instead.
 - **the first run** (`prepare`): the ranks check that they compiled the same step
   (fingerprint.py), before any collective could pair with a different one.
 """
@@ -37,8 +37,10 @@ class DataParallel:
     Args:
         zero: 0: gradients are averaged by all_reduce, every rank keeps the whole optimizer
             state. 1: the optimizer state (moments, master weights) is sharded, each rank
-            updating 1/N of every bucket, then all_gathering the parameters. 2: also the
-            gradients: a reduce_scatter gives each rank only its shard's averaged gradient.
+            updating 1/N of every bucket, then all_gathering the parameters; a bucket of
+            gradients that something else reads whole is all_reduced, the others are
+            reduce_scattered. 2: a reduce_scatter gives each rank only its shard's averaged
+            gradient (gathered back for what reads one whole).
         bucket_bytes: gradients are packed into flat buckets that close once they hold this
             many bytes (torch DDP's 25 MiB by default): fewer, larger collectives.
         group: the process group ("world": every rank of the job).
@@ -111,7 +113,10 @@ class DataParallel:
         return s
 
     def pipeline(self, passes: list[str]) -> list[str]:
-        """The pass pipeline: the data-parallel passes first, then `passes`."""
+        """The pass pipeline: the data-parallel passes first, then `passes`; at one rank,
+        `one_rank` instead (its collectives are their operands: none is left to bucket)."""
+        if self.ranks == 1:
+            return ["one_rank"] + list(passes)
         return (["zero"] if self.zero else []) + ["bucket"] + list(passes)
 
     def pass_options(self) -> dict[str, Any]:

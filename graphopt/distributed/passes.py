@@ -9,11 +9,13 @@ instead of one per gradient (a collective's fixed cost is paid per call):
 
 `zero` finds what ZeRO's optimizer step (sharding.py) traces, a shard of a bucket of
 all_reduced gradients, `shard(concat(reshape(all_reduce(g_i))..., zeros))`, and makes it one
-collective over the whole bucket: a reduce_scatter (zero=2: this rank receives only its
-shard's sums, and holds no whole gradient), or an all_reduce of the bucket (zero=1).
-Where a gradient is also read whole (by a global-norm clip), zero=2 gathers the reduced
-shards back for those readers (all_gather), so the bytes sent are still those of an
-all_reduce; the refusal list says which readers did that.
+collective over the whole bucket: a reduce_scatter (this rank receives only its shard's
+sums, and holds no whole gradient). Where a gradient is also read whole (its norm logged),
+zero=2 gathers the reduced shards back for those readers (all_gather), so the bytes sent
+are still those of an all_reduce, and the refusal list says which readers did that; zero=1
+all_reduces such a bucket whole (every rank holds it) and the optimizer takes its shard.
+Where nothing reads them whole, zero=1's gradients are reduce_scattered as zero=2's: the
+same sums, a third fewer bytes than an all_reduce then an all_gather of the parameters.
 
 Both passes run before the others (DataParallel puts them first) and keep the collectives
 a chain in node order (`rechain`), the same on every rank: passes are deterministic.
@@ -172,8 +174,8 @@ def _gradient_parts(values: list[Value], shard: Node) -> tuple[list[Node], list[
 @register("zero")
 def zero(graph: Graph, ctx: PassContext) -> dict:
     """ZeRO: a shard of a bucket of all_reduced gradients becomes one reduce_scatter of the
-    bucket (option zero=2, the default) or one all_reduce of it (zero=1); gradients also
-    read whole are gathered back for those readers (all_gather)."""
+    bucket; gradients also read whole are gathered back for those readers (all_gather:
+    option zero=2, the default) or the bucket is all_reduced whole (zero=1)."""
     stage = ctx.options.get("zero", 2)
     unchain(graph)
     dead: list[Node] = []
@@ -196,7 +198,7 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
         layout = Bucket(tuple(m.out.type.shape for m in olds))
         flat = _flat(graph, [m.inputs[0] for m in olds], loc, tail)
         whole_readers = [m for m in olds if _readers(m.out, concat or shard)]
-        if stage >= 2:
+        if stage >= 2 or not whole_readers:
             mine = graph.add_node("reduce_scatter", [flat], attrs, loc=loc).out
             shard.out.replace_all_uses_with(mine)
             dead.append(shard)
@@ -213,7 +215,7 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
         else:
             whole = graph.add_node("all_reduce", [flat], attrs, loc=loc).out
             shard.inputs[0] = whole
-        if whole_readers or stage < 2:
+        if whole_readers:
             _read_back(graph, whole, olds, layout)
         placed[id(shard)] = graph.nodes[start:]  # where the shard was
         dead += [concat] * (concat is not None) + [

@@ -58,10 +58,11 @@ def init(dtype, embed=False):
     return params
 
 
-def train(opt_name: str, steps: int, clip: bool, dtype=np.float64, parallel=None,
-          rank: int = 0, ranks: int = 1, embed: bool = False, start=None):
-    """Train from the same start (or from where `start(params, opt)`, called before the first
-    step, puts them: a checkpoint); returns the parameters, the optimizer and the losses."""
+def make_step(opt_name: str, clip: bool, dtype=np.float64, parallel=None, rank: int = 0,
+              ranks: int = 1, embed: bool = False, start=None):
+    """The jitted training step from the same start (or from where `start(params, opt)`
+    puts them: a checkpoint), and this rank's slice of the batch:
+    (step, x, labels, params, optimizer)."""
     x, labels = data(dtype, embed)
     part = BATCH // ranks
     x, labels = x[rank * part:(rank + 1) * part], labels[rank * part:(rank + 1) * part]
@@ -87,7 +88,15 @@ def train(opt_name: str, steps: int, clip: bool, dtype=np.float64, parallel=None
         opt.step(grads)
         return loss
 
-    step = go.jit(train_step, parallel=parallel)
+    return go.jit(train_step, parallel=parallel), x, labels, params, opt
+
+
+def train(opt_name: str, steps: int, clip: bool, dtype=np.float64, parallel=None,
+          rank: int = 0, ranks: int = 1, embed: bool = False, start=None):
+    """Train from the same start (or `start`'s, as make_step); returns the parameters, the
+    optimizer, the losses and the compiled step."""
+    step, x, labels, params, opt = make_step(opt_name, clip, dtype, parallel, rank, ranks,
+                                             embed, start)
     losses = [float(step(x, labels)) for _ in range(steps)]
     return params, opt, losses, step.lower(x, labels)
 
