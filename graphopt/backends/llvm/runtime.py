@@ -212,6 +212,11 @@ class NativeKernel:
 
     @property
     def _partials_ptr(self) -> int:
+        self.make_partials()
+        return self._partials_address
+
+    def make_partials(self) -> None:
+        """Make the buffer of the reductions' partial results, if not yet (once)."""
         if self._partials is None:
             n = max(1, self.abi.total_blocks * self.abi.slots)
             try:
@@ -221,7 +226,6 @@ class NativeKernel:
                                      f"of partial results, more than there is memory for; "
                                      f"no parameter was changed") from None
             self._partials_address = self._partials.ctypes.data
-        return self._partials_address
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         rows = self.prepare(arrays)
@@ -376,10 +380,6 @@ class LLVMProgram:
         # failure after one must be undone, so the parameters stored before the last node
         # that could fail are backed up when the step starts (a fully native step: none).
         self.nodes = _stores_last(self.nodes, self.native)
-        may_fail = [i for i, n in enumerate(self.nodes) if self._may_fail(n)]
-        self.backed_up = [v for n in self.nodes[:max(may_fail, default=0)]
-                          if id(n) in self.native for v in kernel_ir.written(n)]
-        self.needs_backup = bool(self.backed_up)
         self._sink = graphsink.sink(cache) if self.sink else None
         self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
         self._barrier = np.zeros(1, np.int64)
@@ -389,6 +389,12 @@ class LLVMProgram:
         self.copies = _copies(self.nodes, self.native, self.read_late)
         self.plan = self._plan()
         self.buffers = self.plan.buffers
+        # (after the plan: a kernel that writes into planned buffers allocates nothing)
+        may_fail = [i for i, n in enumerate(self.nodes) if self._may_fail(n)]
+        self.backed_up = [v for n in self.nodes[:max(may_fail, default=0)]
+                          if id(n) in self.native for v in kernel_ir.written(n)]
+        self.needs_backup = bool(self.backed_up)
+        self._partials_made = False  # (kernels called one by one: made by the first step)
         self._threads = threads()
         # How base.run_nodes runs these nodes (one step, or one node at a time to time them).
         self._loop = dict(native=self.native, stored=self.stored if self.read_late else (),
@@ -415,10 +421,14 @@ class LLVMProgram:
 
     def _may_fail(self, node: Node) -> bool:
         """Whether running this node could raise: anything numpy runs (a MemoryError, if
-        nothing else), and a kernel that allocates its outputs when it is called one by one;
-        not what the registry says cannot (OpDef.may_raise: assign, depend)."""
-        if id(node) in self.native:
-            return not self.sink and bool(node.body.outputs)
+        nothing else), and a kernel called one by one that allocates: outputs outside the
+        memory plan, or a copy of an operand numpy made in another layout (its reductions'
+        partial results are made before the first step's first node); not what the registry
+        says cannot (OpDef.may_raise: assign, depend)."""
+        k = self.native.get(id(node))
+        if k is not None:
+            return not self.sink and (bool(node.body.outputs) and k._planned is None or
+                                      bool(k._unchecked))
         return node.opdef.may_raise
 
     @property
@@ -464,6 +474,10 @@ class LLVMProgram:
         if self.sink:
             self._run_sink(env)
             return [early.get(v, env[v]) for v in self.graph.outputs], {}
+        if not self._partials_made:  # (a MemoryError here is before any store)
+            for k in self.kernels:
+                k.make_partials()
+            self._partials_made = True
         backups = {v: inputs[v].copy() for v in self.backed_up}
         try:
             updates = run_nodes(self.nodes, env, **self._loop)
