@@ -88,10 +88,14 @@ def _fresh(result: np.ndarray, x: np.ndarray) -> np.ndarray:
 
 def _mean(total: np.ndarray, ranks: int) -> np.ndarray:
     """The sum divided by the number of ranks, in the sum's dtype (f16 and bf16 divide in f32
-    and round once, as their elementwise ops do)."""
+    and round once, as their elementwise ops do). The sum is the op's own array (_fresh), so
+    it is divided in place: a bucket of gradients is not allocated (and faulted in) twice."""
     if total.dtype in _HALVES:
         return (total.astype(np.float32) / np.float32(ranks)).astype(total.dtype)
-    return total / total.dtype.type(ranks)
+    if not total.flags.writeable:
+        return total / total.dtype.type(ranks)
+    np.divide(total, total.dtype.type(ranks), out=total)
+    return total
 
 
 def _reduced(run: Callable[[comm.Communicator, np.ndarray, str], np.ndarray]
