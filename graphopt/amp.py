@@ -14,6 +14,14 @@ gradients, and whether all are finite), then `opt.step(grads, where=finite)` (a 
 leaves parameters and optimizer state bit-identical: every write is `where(finite, new,
 old)`), then `update(finite)`. No Python branch looks at a traced value, so overflow and
 normal steps run the same graph. Call `unscale` and `update` yourself to clip in between.
+
+Under data parallelism (`jit(..., parallel=DataParallel(...))`) the decision is global:
+`unscale` all_reduces (max) "some gradient is not finite", so a NaN on one rank skips the
+step on every rank and backs every rank's scale off alike. The gradients are reduced first
+(scaled, as value_and_grad returns them) and unscaled after: the scale is a power of two
+and the same on every rank, so multiplying by 1/scale commutes exactly with the average,
+and the numbers are those of one process. Each skipped step is counted, in the Parameter
+`<name>.skipped` (`skipped_steps`).
 """
 from __future__ import annotations
 
@@ -25,6 +33,7 @@ from . import ops
 from .errors import OptimizerError
 from .frontend import Parameter, assign
 from .frontend.tensor import Tensor
+from .frontend.traces import current_trace
 from .ir.types import f32, i64
 from .optim.arguments import CheckedArguments
 from .optim.optimizer import as_dtype, check_count, dtype_of
@@ -33,16 +42,24 @@ Grads = Sequence[Any] | Mapping[str, Any]
 
 
 class LossScaler(metaclass=CheckedArguments):
-    """What static and dynamic scaling share: the scale is an f32 Parameter (`<name>`)."""
+    """What static and dynamic scaling share: the scale is an f32 Parameter (`<name>`), and
+    the count of skipped steps an i64 one (`<name>.skipped`)."""
 
     def __init__(self, scale: float, name: str):
         self.name = name
         self.loss_scale = Parameter(check_scale(scale, type(self).__name__), name=name)
+        self.skipped = Parameter(np.int64(0), name=f"{name}.skipped")
 
     @property
     def scale_value(self) -> float:
         """The current scale, as a Python float."""
         return float(self.loss_scale.numpy())
+
+    @property
+    def skipped_steps(self) -> int:
+        """How many steps `step` has skipped because a gradient was inf or NaN (on any rank,
+        under data parallelism), since this scaler was made."""
+        return int(self.skipped.numpy())
 
     def scale(self, loss: Any) -> Tensor:
         """loss × scale (in the loss's dtype): differentiate this, not the loss."""
@@ -64,6 +81,9 @@ class LossScaler(metaclass=CheckedArguments):
             out.append(g * as_dtype(inv, dtype_of(g)))
         if finite is None:
             raise OptimizerError(f"{type(self).__name__}.unscale: no gradients")
+        parallel = getattr(current_trace(), "parallel", None)
+        if parallel is not None:  # one decision for every rank, which sees only its own
+            finite = parallel.agree(finite)  # gradients under zero=2 or an Accumulate
         if isinstance(grads, Mapping):
             return dict(zip(grads.keys(), out)), finite
         return out, finite
@@ -81,7 +101,10 @@ class LossScaler(metaclass=CheckedArguments):
         Returns the bool scalar "the step was applied". `opt` may be an optimizer or an
         `Accumulate`."""
         grads, finite = self.unscale(grads)
-        opt.step(grads, where=finite if self.skip_nonfinite() else None)
+        skip = self.skip_nonfinite()
+        opt.step(grads, where=finite if skip else None)
+        if skip:
+            assign(self.skipped, ops.where(finite, self.skipped, self.skipped + 1))
         self.update(finite)
         return finite
 

@@ -77,8 +77,9 @@ def _bucket_part(v: Any) -> str:
 
 def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
     """Print each collective of the graph (in order, as the text form names it) with its type
-    and the bytes one rank sends in it per step (passes.cost.bytes_sent: a ring algorithm),
-    then their total; nothing for a graph without collectives. Returns the total.
+    and the bytes one rank sends in it per step (passes.cost.bytes_sent: a ring algorithm;
+    a predicated one's, when it communicates and per run on average), then their total;
+    nothing for a graph without collectives. Returns the total.
 
     Args:
         graph: the graph, usually after the passes (what runs).
@@ -94,7 +95,12 @@ def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
         name.define(v)
     for n in graph.nodes:
         if n.opdef.category == COLLECTIVE:
-            print(f"  {format_node(n, name)}  sends {bytes_sent(n):,} B", file=out)
+            sends = f"sends {bytes_sent(n):,} B"
+            if n.opdef.predicated:  # it communicates on one run in `every`
+                sends = (f"sends {bytes_sent(n, per_run=False):,} B once every "
+                         f"{n.attrs['every']} runs, when {name(n.inputs[-1])}: {sends} "
+                         f"per run")
+            print(f"  {format_node(n, name)}  {sends}", file=out)
             bucket = n.inputs[0].node if n.inputs else None
             if bucket is not None and bucket.op == "concat":  # a flat bucket: what it holds
                 parts = [_bucket_part(v) for v in bucket.inputs]

@@ -34,7 +34,7 @@ __all__ = [
     "ones", "full_like", "zeros_like", "ones_like", "depend", "assign",
     "relu", "tanh", "sigmoid", "softplus", "gelu", "stop_gradient", "log_softmax", "softmax",
     "softmax_cross_entropy", "mse_loss", "gather", "scatter_add", "one_hot", "arange",
-    "all_reduce", "reduce_scatter", "all_gather", "broadcast", "shard",
+    "all_reduce", "all_reduce_when", "reduce_scatter", "all_gather", "broadcast", "shard",
     "embedding", "rows", "rows_indices", "rows_values", "with_values", "coalesce", "densify",
     "take_rows", "put_rows",
 ]
@@ -379,6 +379,24 @@ def all_reduce(x: Any, reduce: str = "sum", group: str = "world") -> Tensor:
     """
     return bind("all_reduce", [x], {**_group(group, "all_reduce"),
                                     "reduce": _reduce(reduce, "all_reduce")})
+
+
+def all_reduce_when(x: Any, now: Any, every: int, reduce: str = "sum",
+                    group: str = "world") -> Tensor:
+    """all_reduce(x, reduce, group) on the runs where the bool scalar `now` is true, x itself on
+    the others (without communicating): one compiled step that reduces on one call in
+    `every` (a k-step gradient accumulation's k-th). `now` must be the same on every rank:
+    computed from Parameters, constants and all_reduced values, never from a step input (the
+    verifier checks it). `every` is what the cost model counts: bytes once per `every` runs.
+
+    Raises:
+        OpTypeError: `now` is not a bool scalar, `every` is below 1, or a bad reduce (as in
+            all_reduce).
+        CollectiveError: no process group has that name.
+    """
+    return bind("all_reduce_when", [x, now], {**_group(group, "all_reduce_when"),
+                                              "reduce": _reduce(reduce, "all_reduce_when"),
+                                              "every": every})
 
 
 def reduce_scatter(x: Any, reduce: str = "sum", group: str = "world") -> Tensor:

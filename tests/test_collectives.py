@@ -11,6 +11,7 @@ several processes (mpiexec) are tested with the MPI runtime.
 from __future__ import annotations
 
 import io
+import re
 
 import numpy as np
 import pytest
@@ -90,8 +91,12 @@ def run(fn, backend, *args):
 # -- the registry ---------------------------------------------------------------------------------
 def test_the_ops_are_collectives_and_all_but_shard_are_ordered():
     ours = {name: op for name, op in REGISTRY.items() if op.category == COLLECTIVE}
-    assert set(ours) == {"all_reduce", "reduce_scatter", "all_gather", "broadcast", "shard"}
+    assert set(ours) == {"all_reduce", "all_reduce_when", "reduce_scatter", "all_gather",
+                         "broadcast", "shard"}
     assert {name for name, op in ours.items() if op.ordered} == set(ours) - {"shard"}
+    assert {name for name, op in REGISTRY.items() if op.predicated} == {"all_reduce_when"}
+    assert {name for name, op in REGISTRY.items() if op.uniform} == {"all_reduce", "all_gather",
+                                                                     "broadcast"}
     assert not any(op.ordered for op in REGISTRY.values() if op.category != COLLECTIVE)
     assert all(op.doc for op in ours.values())
 
@@ -580,3 +585,92 @@ def test_steps_with_collectives_of_one_group_take_turns(replicas):
     root = a._domain.root()
     assert b._domain.root() is root
     assert c._domain.root() is not root and d._domain.root() is not root
+
+
+# -- all_reduce_when: a collective under a predicate ------------------------------------------------
+def counted_when(x, every=3, group="replicas"):
+    """A step that all_reduces x on one call in `every`, by a counter Parameter."""
+    count = go.Parameter(np.int64(0), name="count")
+
+    def step(x):
+        now = count + 1 == every
+        go.assign(count, ops.where(now, 0, count + 1))
+        return ops.all_reduce_when(x * 2, now, every, "sum", group=group)
+    return step
+
+
+@pytest.mark.parametrize("backend", BACKENDS)
+def test_all_reduce_when_communicates_only_where_its_predicate_is_true(backend, replicas):
+    fn = go.jit(counted_when(rows()), backend=backend, cache=False)
+    x = rows()
+    for call in range(6):
+        replicas.calls.clear()
+        got = fn(x)
+        now = call % 3 == 2
+        assert replicas.calls == (["all_reduce sum"] if now else []), call
+        np.testing.assert_allclose(got, (N if now else 1) * 2 * x, rtol=1e-6)
+
+
+def test_all_reduce_when_sends_once_per_every_runs_and_explain_says_so(replicas):
+    g = go.trace(counted_when(rows()), np.zeros((4, 250), np.float32))
+    (when,) = [n for n in g.nodes if n.op == "all_reduce_when"]
+    whole = 2 * (N - 1) * 4 * 250 * 4 // N
+    assert (bytes_sent(when, per_run=False), bytes_sent(when)) == (whole, whole // 3)
+    out = io.StringIO()
+    go.explain(counted_when(rows()), np.zeros((4, 250), np.float32), out=out)
+    text = out.getvalue()
+    text = text[text.index("=== collectives"):]
+    (line,) = [s for s in text.splitlines() if "= all_reduce_when" in s]
+    assert re.search(rf"every=3}} : f32\[4,250\]  sends {whole:,} B once every 3 runs, when "
+                     rf"%\d+: sends {whole // 3:,} B per run$", line), line
+    assert f"total: {whole // 3:,} B sent per step" in text
+
+
+def test_all_reduce_when_round_trips_and_checks_its_predicate():
+    text = """graph g {
+  arg %x: f32[4]
+  param @c: i64[]
+  %0 = constant {value=2} : i64[]
+  %1 = equal @c, %0 : bool[]
+  %2 = all_reduce_when %x, %1 {group="world", ranks=1, reduce="mean", every=2} : f32[4]
+  return %2
+}"""
+    g = parse(text)
+    g.verify()
+    assert str(g) == text
+    for bad, message in [
+            ("%1 = cast @c {dtype=f32} : f32[]",
+             "the predicate (operand 2) must be a bool scalar, got f32[]"),
+            ("%1 = equal @c, @c : bool[]", None)]:
+        g = parse(text.replace("%1 = equal @c, %0 : bool[]", bad))
+        if message is None:
+            g.verify()  # a Parameter is the same on every rank
+            continue
+        with pytest.raises(VerifyError, match=re.escape(message)):
+            g.verify()
+    with pytest.raises(VerifyError, match="'every' is below 1"):
+        parse(text.replace("every=2", "every=0")).verify()
+
+
+@pytest.mark.parametrize("source, says", [
+    ("%v = sum %x {axes=[0], keepdims=false} : f32[]",
+     "computed from the step input %x, which may differ between the ranks"),
+    (("%s = shard %x {group=\"world\", ranks=1} : f32[4]\n"
+      "  %v = sum %s {axes=[0], keepdims=false} : f32[]"), "a rank's own value"),
+])
+def test_a_predicate_that_may_differ_between_ranks_is_refused(source, says):
+    text = f"""graph g {{
+  arg %x: f32[4]
+  {source}
+  %0 = constant {{value=0.0}} : f32[]
+  %p = greater %v, %0 : bool[]
+  %3 = all_reduce_when %x, %p {{group="world", ranks=1, reduce="sum", every=2}} : f32[4]
+  return %3
+}}"""
+    with pytest.raises(VerifyError, match="collective-predicate") as info:
+        parse(text).verify()
+    assert says in str(info.value)
+    # all_reduced first, it is the same on every rank
+    fixed = text.replace("%3 = all_reduce_when %x, %p", "%m = all_reduce %p {group=\"world\", "
+                         "ranks=1, reduce=\"max\"} : bool[]\n  %3 = all_reduce_when %x, %m")
+    parse(fixed).verify()

@@ -38,7 +38,7 @@ VjpRule = Callable[..., Any]  # rule(ct, out, *inputs, **attrs) -> the gradient 
 NOT_DIFFERENTIABLE = frozenset({
     "isfinite", "less", "less_equal", "greater", "greater_equal", "equal", "not_equal",
     "logical_and", "logical_or", "logical_not", "constant", "assign", "kernel", "store",
-    "broadcast", "shard",
+    "broadcast", "shard", "all_reduce_when",
     "row_kernel", "rows", "rows_indices", "rows_values", "with_values", "coalesce",
     "densify", "take_rows", "put_rows"})
 
@@ -48,6 +48,8 @@ WHY_NOT = {
     "broadcast": "its VJP depends on the rank: the root would get the sum of every rank's "
                  "cotangent and the other ranks zeros, and an op's attributes are the same on "
                  "every rank",
+    "all_reduce_when": "it reduces gradients after autodiff (an accumulation's once-per-update "
+                       "average); differentiate through all_reduce",
     "shard": "its VJP depends on the rank: the cotangent goes to this rank's part of axis 0 "
              "and zeros elsewhere, and an op's attributes are the same on every rank",
 }

@@ -43,7 +43,8 @@ from ..ir.types import bf16, f16, type_of_array
 
 REDUCTIONS = ("sum", "max")
 # MPI has no bf16 (nor a standard f16): halves are reduced in f32 and rounded once at the end
-# (more exact than rounding after each rank's addition), and moved as their 16-bit patterns.
+# (more exact than rounding after each rank's addition), and moved as their 16-bit patterns
+# (a sum: by _half_sum, in 16 bits on the wire; a max: widened to f32 for MPI's MAX).
 _HALVES = (f16.np_dtype, bf16.np_dtype)
 _WIRE = {  # numpy dtype name -> the MPI datatype that moves it
     "float32": "FLOAT", "float64": "DOUBLE", "int32": "INT32_T", "int64": "INT64_T",
@@ -122,6 +123,8 @@ class MPICommunicator:
     def all_reduce(self, x: np.ndarray, reduce: str) -> np.ndarray:
         """The elementwise sum or max of x over the ranks, on every rank (bool: logical or)."""
         x = self._operand(x)
+        if self._sums_halves(x, reduce):
+            return self._half_sum(x, _describe("all_reduce", x), scatter=False)
         op, wide = self._op(x, reduce), self._widened(x)
         out = np.empty_like(wide)
         self._run(_describe("all_reduce", x), lambda: self._comm.Iallreduce(
@@ -136,6 +139,8 @@ class MPICommunicator:
         if x.ndim == 0 or x.shape[0] % self.size:
             raise CollectiveError(f"rank {self.rank}: {what}: axis 0 must split into "
                                   f"{self.size} equal parts, one per rank")
+        if self._sums_halves(x, reduce):
+            return self._half_sum(x, what, scatter=True)
         op, wide = self._op(x, reduce), self._widened(x)
         out = np.empty((x.shape[0] // self.size,) + x.shape[1:], wide.dtype)
         self._run(what, lambda: self._comm.Ireduce_scatter_block(
@@ -197,6 +202,31 @@ class MPICommunicator:
                                   f"(graphopt's collectives take f32, f64, i32, i64, bool, "
                                   f"f16, bf16)")
         return x
+
+    def _sums_halves(self, x: np.ndarray, reduce: str) -> bool:
+        return x.dtype in _HALVES and reduce == "sum" and self.size > 1
+
+    def _half_sum(self, x: np.ndarray, what: str, scatter: bool) -> np.ndarray:
+        """The sum of f16/bf16 x, moved as 16-bit values (MPI cannot add them, and widening
+        them to f32 for MPI's sum would send twice the bytes: what DataParallel(compress=)
+        saves): each rank receives every rank's part i (alltoall, part i its own), adds them
+        in f32 in rank order and rounds once; for an all_reduce the parts are then gathered
+        (allgather). It sends what a ring of 16-bit values does, 2(N-1)/N of x's bytes (a
+        reduce_scatter: (N-1)/N), and every rank gets the same bits."""
+        n, flat = self.size, x.reshape(-1)
+        part = -(-flat.size // n)
+        sent = np.zeros(part * n, x.dtype)
+        sent[:flat.size] = flat
+        got = np.empty_like(sent)
+        self._run(what, lambda: self._comm.Ialltoall(self._buffer(sent), self._buffer(got)),
+                  (sent, got))
+        mine = got.reshape(n, part).astype(np.float32).sum(axis=0).astype(x.dtype)
+        if scatter:
+            return mine.reshape((x.shape[0] // n,) + x.shape[1:])
+        out = np.empty_like(sent)
+        self._run(what, lambda: self._comm.Iallgather(self._buffer(mine), self._buffer(out)),
+                  (mine, out))
+        return out[:flat.size].reshape(x.shape)
 
     def _widened(self, x: np.ndarray) -> np.ndarray:
         return x.astype(np.float32) if x.dtype in _HALVES else x

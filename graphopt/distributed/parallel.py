@@ -6,7 +6,12 @@ the single-process one; the strategy adds the communication where it belongs:
 - **value_and_grad** (`gradients`): each gradient with respect to a Parameter is averaged
   over the ranks, an `all_reduce(reduce="mean")` (torch DDP's average, so the learning
   rate of one process on the whole batch is right for N ranks on N slices). What the step
-  does with its gradients next (clip them, log their norm) sees the averaged ones.
+  does with its gradients next (clip them, log their norm) sees the averaged ones. With
+  `compress`, the average is pre-divided by the ranks, cast to f16/bf16, summed, and cast
+  back (`reduce`). A gradient an `Accumulate` sums is left this rank's own: the Accumulate
+  reduces the sum once, on its k-th call (`reduce` with `when`, an all_reduce_when).
+- **the loss scaler** (`agree`): whether the gradients are finite is decided for all the
+  ranks at once (an all_reduce max of "not finite"), so every rank skips the same steps.
 - **the optimizer** (`sharding`, zero >= 1): each rank keeps and updates only its shard of
   the flat buckets of parameters (sharding.py).
 - **the passes** (`pipeline`): `zero` (zero >= 1) and `bucket` run before the default
@@ -23,8 +28,13 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import comm, ops
 from ..errors import ArgumentError, OptimizerError
 from ..frontend.rows import Rows
+from ..ir.types import bf16, f16
+from ..optim.accumulate import accumulating
+from ..optim.optimizer import dtype_of
 from .layout import DEFAULT_BUCKET_BYTES
 from .sharding import Sharding
+
+COMPRESSIONS = {"fp16": f16, "bf16": bf16}  # DataParallel(compress=...): the wire dtype
 
 if TYPE_CHECKING:
     from ..optim.optimizer import Optimizer
@@ -44,15 +54,21 @@ class DataParallel:
         bucket_bytes: gradients are packed into flat buckets that close once they hold this
             many bytes (torch DDP's 25 MiB by default): fewer, larger collectives.
         group: the process group ("world": every rank of the job).
+        compress: None, or "fp16" / "bf16": gradients are sent in that dtype (half the
+            bytes of f32), each divided by the number of ranks before the cast so that the
+            sum cannot overflow where the average does not (torch's fp16 comm hook), summed
+            in f32 by the communicator and rounded once, then cast back to the gradient's
+            dtype.
 
     Raises:
-        ArgumentError: a zero stage other than 0, 1, 2, or a bucket size that is not a
-            positive integer.
+        ArgumentError: a zero stage other than 0, 1, 2, a bucket size that is not a
+            positive integer, or a compression other than "fp16" and "bf16".
     """
 
     zero: int = 0
     bucket_bytes: int = DEFAULT_BUCKET_BYTES
     group: str = "world"
+    compress: str | None = None
     # The optimizers stepped in steps traced for it (for the memory report).
     _optimizers: weakref.WeakSet = field(default_factory=weakref.WeakSet, compare=False,
                                          repr=False)
@@ -64,6 +80,9 @@ class DataParallel:
                 self.bucket_bytes < 1:
             raise ArgumentError(f"DataParallel: bucket_bytes must be a positive integer, got "
                                 f"{self.bucket_bytes!r}")
+        if self.compress is not None and self.compress not in COMPRESSIONS:
+            raise ArgumentError(f"DataParallel: compress must be None, 'fp16' or 'bf16', got "
+                                f"{self.compress!r}")
         if not isinstance(self.group, str):
             raise ArgumentError(f"DataParallel: group must be a group's name, got "
                                 f"{self.group!r}")
@@ -76,16 +95,20 @@ class DataParallel:
     def key(self) -> tuple:
         """What a compiled step depends on besides its arguments: a step traced for 4 ranks
         is not the step for 2."""
-        return ("DataParallel", self.zero, self.bucket_bytes, self.group, self.ranks)
+        return ("DataParallel", self.zero, self.bucket_bytes, self.group, self.compress,
+                self.ranks)
 
     def gradients(self, params: Sequence[Any], grads: list[Any]) -> list[Any]:
-        """The gradients with respect to `params`, averaged over the ranks. A row gradient
-        (K rows on each rank) is averaged as rows: every rank's rows, all gathered (N·K
-        rows), their values divided by N; the optimizer coalesces them (torch DDP gathers
-        sparse gradients likewise). ZeRO shards flat buckets of the state, which row
-        updates cannot address: with zero >= 1 a row gradient is an ArgumentError."""
+        """The gradients with respect to `params`, averaged over the ranks; those of the
+        Parameters an Accumulate sums are this rank's own (it reduces their sum once per
+        update). A row gradient (K rows on each rank) is averaged as rows: every rank's
+        rows, all gathered (N·K rows), their values divided by N; the optimizer coalesces
+        them (torch DDP gathers sparse gradients likewise). ZeRO shards flat buckets of the
+        state, which row updates cannot address: with zero >= 1 a row gradient is an
+        ArgumentError."""
         return [self._rows_mean(p, g) if isinstance(g, Rows) else
-                ops.all_reduce(g, "mean", group=self.group) for p, g in zip(params, grads)]
+                g if accumulating(p) is not None else self.reduce(g)
+                for p, g in zip(params, grads)]
 
     def _rows_mean(self, param: Any, g: Rows) -> Rows:
         if self.zero:
@@ -96,6 +119,25 @@ class DataParallel:
                                 f"sparse=False)")
         values = ops.all_gather(g.values, group=self.group) / float(self.ranks)
         return ops.rows(ops.all_gather(g.indices, group=self.group), values, g.shape)
+
+    def reduce(self, g: Any, when: Any = None, every: int = 1) -> Any:
+        """g averaged over the ranks (compressed if asked); with `when` (a rank-independent
+        bool scalar), only on the runs where it is true, one in `every`, and g itself on the
+        others (all_reduce_when)."""
+        def collective(x: Any, reduce: str) -> Any:
+            if when is None:
+                return ops.all_reduce(x, reduce, group=self.group)
+            return ops.all_reduce_when(x, when, every, reduce, group=self.group)
+        if self.compress is None:
+            return collective(g, "mean")
+        # Divided before the cast: a sum of N halves can overflow where their mean does not.
+        half = ops.cast(g / float(self.ranks), COMPRESSIONS[self.compress])
+        return ops.cast(collective(half, "sum"), dtype_of(g))
+
+    def agree(self, flag: Any) -> Any:
+        """A bool scalar that is true on every rank when `flag` is true on every rank, else
+        false on every rank: the all_reduce max of its negation (one byte)."""
+        return ~ops.all_reduce(~flag, "max", group=self.group)
 
     def sharding(self, opt: Optimizer) -> Sharding | None:
         """The optimizer's shards on this rank (made on first use), None at zero=0."""
@@ -136,7 +178,7 @@ class DataParallel:
                     sum(p.numpy().nbytes for p in o.parameters() if p.numpy().ndim)
                     for o in opts)
         grads = sum(n.outputs[0].type.nbytes for n in graph.nodes
-                    if n.op in ("all_reduce", "reduce_scatter"))
+                    if n.op in ("all_reduce", "all_reduce_when", "reduce_scatter"))
         c = comm.group(self.group)
         share = f" (1/{c.size} of {whole:,} B, + padding)" if self.zero and c.size > 1 else ""
         return (f"data parallel, rank {c.rank} of {c.size}, zero={self.zero}: this rank holds\n"

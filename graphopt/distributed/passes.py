@@ -112,14 +112,17 @@ def _depends_on(v: Value, members: list[Node], position: dict[int, int]) -> bool
 
 @register("bucket")
 def bucket(graph: Graph, ctx: PassContext) -> dict:
-    """Pack all_reduces of the same group, reduction and dtype into flat buckets that close
+    """Pack all_reduces (or all_reduce_whens of one predicate) of the same group, reduction
+    and dtype into flat buckets that close
     once they hold `bucket_bytes` (option, default 25 MiB, torch DDP's): one all_reduce
     per bucket, in chain order; each reader reads its part back (slice, reshape)."""
     cap = ctx.options.get("bucket_bytes", DEFAULT_BUCKET_BYTES)
     runs: dict[tuple, list[Node]] = {}
     for n in graph.nodes:
-        if n.op == "all_reduce":
-            key = (n.attrs["group"], n.attrs["ranks"], n.attrs["reduce"], n.out.type.dtype)
+        if n.op in ("all_reduce", "all_reduce_when"):
+            # (all_reduce_when: those of one predicate, which every member keeps)
+            key = (n.op, *sorted(n.attrs.items()), n.out.type.dtype,
+                   *map(id, n.inputs[1:]))
             runs.setdefault(key, []).append(n)
     position = {id(n): i for i, n in enumerate(graph.nodes)}
     unchain(graph)
@@ -135,7 +138,8 @@ def bucket(graph: Graph, ctx: PassContext) -> dict:
             olds = [members[i] for i in indices]
             layout = Bucket(tuple(m.out.type.shape for m in olds))
             loc, start = olds[0].loc, len(graph.nodes)
-            whole = graph.add_node("all_reduce", [_flat(graph, [m.inputs[0] for m in olds], loc)],
+            flat = _flat(graph, [m.inputs[0] for m in olds], loc)
+            whole = graph.add_node(olds[0].op, [flat, *olds[0].inputs[1:]],
                                    dict(olds[0].attrs), loc=loc).out
             _read_back(graph, whole, olds, layout)
             placed[id(olds[-1])] = graph.nodes[start:]  # where the last member was

@@ -15,6 +15,17 @@ its value is the rank's own part, so it is a collective too: fold never evaluate
 The bytes each one sends (OpDef.sends) are those of a ring algorithm, per rank and run:
 an all_reduce sends 2(N-1)/N of its operand, a reduce_scatter (N-1)/N of its input, an
 all_gather (N-1)/N of its output, a broadcast (N-1)/N of its operand (pipelined in pieces).
+
+`all_reduce_when` is a *predicated* collective (OpDef.predicated): an all_reduce that
+communicates only on the runs where its last operand, a bool scalar, is true, and is x
+unchanged on the others. It is how one compiled step reduces the gradients a k-step
+accumulation sums only on its k-th call (optim/accumulate.py): every call runs the same
+graph, and the ranks agree on the predicate by construction (it is computed from Parameters,
+constants and values every rank received alike; the verifier checks this, rule
+collective-predicate). Its `every` is how many runs it takes per communicating run, so the
+cost model counts its bytes once per `every` runs:
+
+    %9 = all_reduce_when %8, %ready {group="world", ranks=2, reduce="mean", every=4} : f32[352]
 """
 from __future__ import annotations
 
@@ -26,7 +37,7 @@ from .. import comm
 from ..errors import OpTypeError
 from .opdefs import ANY, FLOAT, _one_dtype, _tensors
 from .registry import (COLLECTIVE, INT_ATTR, STRING_ATTR, OpDef, at_least, one_of, register)
-from .types import TensorType, Type, bf16, f16
+from .types import TensorType, Type, bf16, bool_, f16
 
 REDUCES = ("sum", "max", "mean")
 _GROUP = ("group", "ranks")
@@ -62,6 +73,14 @@ def _same_infer(op: str) -> Callable[[Sequence[Type], dict[str, Any]], list[Type
                               f"ranks (0 <= root < ranks)")
         return [x]
     return infer
+
+
+def _when_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    (x, now) = _tensors("all_reduce_when", types, 2)
+    if now != TensorType((), bool_):
+        raise OpTypeError(f"all_reduce_when: the predicate (operand 2) must be a bool scalar, "
+                          f"got {now}")
+    return _same_infer("all_reduce_when")([x], attrs)
 
 
 def _reduce_scatter_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -110,6 +129,15 @@ def _reduced(run: Callable[[comm.Communicator, np.ndarray, str], np.ndarray]
     return impl
 
 
+def _all_reduce_when(x: np.ndarray, now: np.ndarray, group: str, ranks: int, reduce: str,
+                     every: int) -> np.ndarray:
+    """x's all_reduce on a run where `now` is true; x itself (a copy) on the others, without
+    communicating."""
+    if not bool(now):
+        return np.array(x, copy=True)
+    return _all_reduce(x, group, ranks, reduce)
+
+
 def _all_gather(x: np.ndarray, group: str, ranks: int) -> np.ndarray:
     x = np.asarray(x, order="C")
     return _fresh(comm.group(group, ranks).all_gather(x), x)
@@ -128,7 +156,8 @@ def _shard(x: np.ndarray, group: str, ranks: int) -> np.ndarray:
 # -- bytes sent, by a ring algorithm --------------------------------------------------------------
 def _ring(share: int, of: str) -> Callable[[Sequence[Type], Sequence[Type], dict[str, Any]],
                                            int]:
-    """`share` (N-1)/N of the input's or the output's bytes (rounded down)."""
+    """`share` (N-1)/N of the input's or the output's bytes (rounded down); for a predicated
+    collective, on the runs it communicates (OpDef.sends counts those once per `every`)."""
     def sends(inputs: Sequence[Type], outputs: Sequence[Type], attrs: dict[str, Any]) -> int:
         n = attrs["ranks"]
         t = (inputs if of == "input" else outputs)[0]
@@ -138,22 +167,31 @@ def _ring(share: int, of: str) -> Callable[[Sequence[Type], Sequence[Type], dict
 
 _REDUCE_KIND = one_of(*REDUCES)
 
+_all_reduce = _reduced(lambda c, x, r: c.all_reduce(x, r))
 register(OpDef("all_reduce", COLLECTIVE, _same_infer("all_reduce"),
-               _reduced(lambda c, x, r: c.all_reduce(x, r)), attrs=_GROUP + ("reduce",),
-               attr_kinds=_GROUP_KINDS + (_REDUCE_KIND,), ordered=True, sends=_ring(2, "input"),
+               _all_reduce, attrs=_GROUP + ("reduce",),
+               attr_kinds=_GROUP_KINDS + (_REDUCE_KIND,), ordered=True, uniform=True,
+               sends=_ring(2, "input"),
                doc="the elementwise sum, max or mean of x over the ranks of the group, on "
                    "every rank (mean: the sum divided by ranks, float dtypes only)"))
+register(OpDef("all_reduce_when", COLLECTIVE, _when_infer, _all_reduce_when,
+               attrs=_GROUP + ("reduce", "every"),
+               attr_kinds=_GROUP_KINDS + (_REDUCE_KIND, at_least(1)), ordered=True,
+               predicated=True, sends=_ring(2, "input"),
+               doc="all_reduce of x on the runs where the bool scalar `now` is true (the same "
+                   "on every rank), else x unchanged, without communicating; it communicates "
+                   "once every `every` runs (what the cost model counts)"))
 register(OpDef("reduce_scatter", COLLECTIVE, _reduce_scatter_infer,
                _reduced(lambda c, x, r: c.reduce_scatter(x, r)), attrs=_GROUP + ("reduce",),
                attr_kinds=_GROUP_KINDS + (_REDUCE_KIND,), ordered=True, sends=_ring(1, "input"),
                doc="the sum, max or mean of x over the ranks, split along axis 0 into ranks "
                    "equal parts: this rank's part"))
 register(OpDef("all_gather", COLLECTIVE, _all_gather_infer, _all_gather, attrs=_GROUP,
-               attr_kinds=_GROUP_KINDS, ordered=True, sends=_ring(1, "output"),
+               attr_kinds=_GROUP_KINDS, ordered=True, uniform=True, sends=_ring(1, "output"),
                doc="every rank's x, concatenated along axis 0 in rank order, on every rank"))
 register(OpDef("broadcast", COLLECTIVE, _same_infer("broadcast"), _broadcast,
                attrs=_GROUP + ("root",), attr_kinds=_GROUP_KINDS + (INT_ATTR,), ordered=True,
-               sends=_ring(1, "input"), doc="rank root's x, on every rank"))
+               uniform=True, sends=_ring(1, "input"), doc="rank root's x, on every rank"))
 register(OpDef("shard", COLLECTIVE, _shard_infer, _shard, attrs=_GROUP,
                attr_kinds=_GROUP_KINDS,
                doc="this rank's part of x: axis 0 split into ranks equal parts, part number "

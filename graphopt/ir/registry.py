@@ -156,6 +156,15 @@ class OpDef:
     # `sends(input_types, output_types, attrs) -> int`: the bytes one rank sends to the others
     # in one run of the op (a collective's, by a ring algorithm); None: it sends nothing.
     sends: Callable[..., int] | None = None
+    # Its last operand is a bool scalar that says whether it communicates on this run
+    # (all_reduce_when); `sends` is the bytes of a run that does, and the attribute `every`
+    # how many runs it takes per such run. The predicate must be the same on every rank: the
+    # verifier checks that it is computed from rank-independent values only.
+    predicated: bool = False
+    # Its result is the same on every rank of its group (all_reduce, all_gather, broadcast),
+    # whatever each rank gave it: a value computed from such results, Parameters and
+    # constants only is rank-independent, and may be a collective's predicate.
+    uniform: bool = False
 
     @property
     def has_effect(self) -> bool:

@@ -23,6 +23,11 @@ Each violation raises a VerifyError naming the rule and the node:
   collective-order   the ordered nodes (OpDef.ordered: the collectives every rank runs in one
                      order), in graph order, form one chain: each but the first depends, by
                      data or after edges, on the ordered node before it
+  collective-predicate  a predicated collective's predicate (OpDef.predicated: its last
+                     operand) is rank-independent: computed only from Parameters, constants
+                     and results every rank receives alike (OpDef.uniform), never from a
+                     step input or a rank's own part, so every rank communicates on the
+                     same runs (ranks that disagree would wait for each other forever)
   kernel-body        a kernel body has element-typed `arg` inputs and only elementwise ops,
                      scalar constants and stores (one per input); `store` appears only there
   kernel-aliasing    a parameter a kernel stores is bound to exactly one of its operands
@@ -44,7 +49,8 @@ from .analysis import live_nodes, producers, unordered_readers
 from .graph import Graph, Node, Value
 from .kernel import infer_types, stores, written
 from .printer import Namer, format_node, value_names
-from .registry import CONSTANT, ELEMENTWISE, KERNEL, REGISTRY, check_attr_kinds, check_attrs
+from .registry import (COLLECTIVE, CONSTANT, ELEMENTWISE, KERNEL, REGISTRY, check_attr_kinds,
+                       check_attrs)
 from .types import RowsType, TensorType, TokenType, Type, shape_problem
 from .uses import Operands
 
@@ -125,6 +131,7 @@ def _verify(graph: Graph, region: bool) -> None:
     else:
         _check_writes(graph, fail)
         _check_order(graph, fail)
+        _check_predicates(graph, fail)
     _check_uses(graph, fail)
 
 
@@ -268,6 +275,31 @@ def _check_order(graph: Graph, fail: Fail) -> None:
             chain.append(n)
         if last >= 0:
             newest.update(zip(n.outputs, itertools.repeat(last)))
+
+
+def _check_predicates(graph: Graph, fail: Fail) -> None:
+    """Every predicated collective's predicate is rank-independent. One walk in graph order:
+    `local` maps each rank-dependent value to the input it depends on (for the message)."""
+    if not any(REGISTRY[n.op].predicated for n in graph.nodes):
+        return
+    local: dict[Value, Value] = {v: v for v in graph.inputs if not v.is_param}
+    for n in graph.nodes:
+        op = REGISTRY[n.op]
+        if op.predicated and n.inputs[-1] in local:
+            source = local[n.inputs[-1]]
+            what = (f"the step input %{source.name}" if source in graph.inputs else
+                    f"{_describe(source.node, graph)}, a rank's own value")
+            fail("collective-predicate", n, f"its predicate is computed from {what}, which "
+                 f"may differ between the ranks: they would not communicate on the same runs. "
+                 f"Compute it from Parameters, constants or all_reduced values")
+        if op.uniform:
+            continue
+        if op.category == COLLECTIVE and not op.predicated:  # shard, reduce_scatter
+            local.update((v, v) for v in n.outputs)
+            continue
+        source = next((local[v] for v in n.inputs if v in local), None)
+        if source is not None:
+            local.update((v, source) for v in n.outputs)
 
 
 def _check_uses(graph: Graph, fail: Fail) -> None:

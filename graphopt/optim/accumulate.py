@@ -5,9 +5,19 @@
 
 "Every k-th call" is a comparison of a counter Parameter, and the update and the reset are
 `where`s on it, so every call runs the same compiled step: nothing retraces at the k-th.
+
+Under data parallelism (DataParallel) the synchronisation is deferred: value_and_grad
+leaves the gradients of the Parameters an Accumulate sums unreduced (`accumulating`), each
+rank sums its own, and the sum is averaged over the ranks once per update, by an
+`all_reduce_when` on the k-th call's predicate (the counter is a Parameter, equal on every
+rank, so the ranks communicate on the same calls):
+
+    acc ← acc + g                                    this rank's own, every call
+    every k-th call:  opt.step(mean over the ranks of (acc + g) / k),  acc ← 0
 """
 from __future__ import annotations
 
+import weakref
 from typing import Any, Mapping, Sequence
 
 import numpy as np
@@ -17,6 +27,7 @@ from ..errors import OptimizerError
 from ..frontend import Parameter, assign
 from ..frontend.rows import Rows
 from ..frontend.tensor import Tensor
+from ..frontend.traces import current_trace
 from .arguments import CheckedArguments
 from .optimizer import Optimizer, as_dtype, check_condition, check_count
 
@@ -44,6 +55,7 @@ refused (a dense sum would touch every row): accumulate their dense gradient ins
                                      offset=memory.offset_after(s.param._value,
                                                                 len(s.state) + 1))
                       for s in opt._slots]
+        _SUMMED.update((id(p), self) for p in opt.params)
 
     @property
     def params(self) -> list[Parameter]:
@@ -72,7 +84,12 @@ refused (a dense sum would touch every row): accumulate their dense gradient ins
         if where is not None:
             ready = ready & where
         sums = [acc + as_dtype(g, acc.dtype) for acc, g in zip(self.accum, grads)]
-        self.opt.step([total / float(self.steps) for total in sums], where=ready)
+        parallel = getattr(current_trace(), "parallel", None)
+        if parallel is None:
+            totals = sums
+        else:  # each rank summed its own gradients: their average, on the k-th call only
+            totals = [parallel.reduce(total, when=ready, every=self.steps) for total in sums]
+        self.opt.step([total / float(self.steps) for total in totals], where=ready)
         for acc, total in zip(self.accum, sums):
             assign(acc, _unless_dropped(where, ops.where(ready, 0.0, total), acc))
         assign(self.count, _unless_dropped(where, ops.where(ready, 0, count), self.count))
@@ -87,6 +104,16 @@ refused (a dense sum would touch every row): accumulate their dense gradient ins
         [0, steps)."""
         self.opt.check_loaded(values)
         check_count(values, self.count, below=self.steps)
+
+
+# id of a Parameter -> the Accumulate that sums its gradients (which keeps it alive).
+_SUMMED: weakref.WeakValueDictionary[int, Accumulate] = weakref.WeakValueDictionary()
+
+
+def accumulating(param: Any) -> Accumulate | None:
+    """The Accumulate that sums `param`'s gradients, if one does: under data parallelism
+    they are reduced by it, once per update, not by value_and_grad."""
+    return _SUMMED.get(id(param))
 
 
 def _unless_dropped(where: Any, new: Any, old: Parameter) -> Any:

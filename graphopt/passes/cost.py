@@ -5,7 +5,8 @@ each operand once and writes only what leaves it (see ir/kernel.py: `cost`). An 
 copy of its value into the parameter; a kernel's store is not (it writes in place).
 
 A collective also sends bytes to the other ranks: `bytes_sent`, by a ring algorithm (the
-formulas are the ops' own, OpDef.sends, in ir/collectives.py).
+formulas are the ops' own, OpDef.sends, in ir/collectives.py). A predicated collective
+(all_reduce_when) communicates on one run in `every`: its bytes count once per `every` runs.
 """
 from __future__ import annotations
 
@@ -33,14 +34,17 @@ def node_bytes(node: Node) -> tuple[int, int]:
     return sum(_nbytes(v) for v in node.inputs), sum(_nbytes(v) for v in node.outputs)
 
 
-def bytes_sent(node: Node) -> int:
+def bytes_sent(node: Node, per_run: bool = True) -> int:
     """The bytes one rank sends to the others in one run of the node: a collective's, by a
     ring algorithm over its `ranks` (an all_reduce of x sends 2(N-1)/N of x's bytes); 0 for a
-    node that communicates nothing (shard, and every other op)."""
+    node that communicates nothing (shard, and every other op). A predicated collective
+    sends on one run in `every`: per_run counts its bytes once per `every` runs (rounded
+    down), per_run=False gives those of a run that communicates."""
     sends = node.opdef.sends
     if sends is None:
         return 0
-    return sends([v.type for v in node.inputs], [v.type for v in node.outputs], node.attrs)
+    sent = sends([v.type for v in node.inputs], [v.type for v in node.outputs], node.attrs)
+    return sent // node.attrs["every"] if node.opdef.predicated and per_run else sent
 
 
 def graph_bytes(graph: Graph, memo: dict[int, tuple[int, int]] | None = None) -> tuple[int, int]:

@@ -58,6 +58,19 @@ def init(dtype, embed=False):
     return params
 
 
+def loss_of(params, embed: bool = False):
+    """The MLP's loss on a batch, as a function of (x, labels); `embed`: x are ids, looked
+    up in params["emb"] (a row gradient) and averaged per example."""
+    def loss_fn(x, labels):
+        h = ops.mean(ops.embedding(params["emb"], x, sparse=True), axis=1) if embed else x
+        for i in range(len(SIZES)):
+            h = h @ params[f"fc{i}.w"] + params[f"fc{i}.b"]
+            if i < len(SIZES) - 1:
+                h = ops.tanh(h)
+        return ops.softmax_cross_entropy(h, labels)
+    return loss_fn
+
+
 def make_step(opt_name: str, clip: bool, dtype=np.float64, parallel=None, rank: int = 0,
               ranks: int = 1, embed: bool = False, start=None):
     """The jitted training step from the same start (or from where `start(params, opt)`
@@ -70,16 +83,7 @@ def make_step(opt_name: str, clip: bool, dtype=np.float64, parallel=None, rank: 
     opt = {**OPTIMIZERS, **ROW_OPTIMIZERS}[opt_name](params)
     if start is not None:
         start(params, opt)
-
-    def loss_fn(x, labels):
-        h = ops.mean(ops.embedding(params["emb"], x, sparse=True), axis=1) if embed else x
-        for i in range(len(SIZES)):
-            h = h @ params[f"fc{i}.w"] + params[f"fc{i}.b"]
-            if i < len(SIZES) - 1:
-                h = ops.tanh(h)
-        return ops.softmax_cross_entropy(h, labels)
-
-    grad_fn = go.value_and_grad(loss_fn, wrt=params)
+    grad_fn = go.value_and_grad(loss_of(params, embed), wrt=params)
 
     def train_step(x, labels):
         loss, grads = grad_fn(x, labels)
