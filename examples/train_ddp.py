@@ -3,6 +3,7 @@ the batch; gradients are averaged over the ranks (and with --zero 1 or 2 the opt
 state is sharded over them).
 
     mpiexec -n 4 python -m mpi4py examples/train_ddp.py --zero 2
+    mpiexec -n 2 python -m mpi4py examples/train_ddp.py --compress fp16
     python examples/train_ddp.py            # one process: the world is this process
 
 The step function is the one of train_mlp.py; `jit(..., parallel=DataParallel(zero=...))`
@@ -31,6 +32,8 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=STEPS)
     ap.add_argument("--bucket-bytes", type=int, default=4096,
                     help="small, so that this small model makes several buckets")
+    ap.add_argument("--compress", choices=("fp16", "bf16"),
+                    help="send the gradients in this dtype (half the bytes)")
     a = ap.parse_args()
     dist.init()
     rank, ranks = dist.rank(), dist.world_size()
@@ -49,8 +52,8 @@ def main() -> None:
         opt.step(grads)
         return loss
 
-    step = go.jit(train_step, parallel=dist.DataParallel(zero=a.zero,
-                                                         bucket_bytes=a.bucket_bytes))
+    step = go.jit(train_step, parallel=dist.DataParallel(
+        zero=a.zero, bucket_bytes=a.bucket_bytes, compress=a.compress))
     compiled = step.lower(x, labels)
     world = comm.group("world")
     for i in range(a.steps):
@@ -61,8 +64,9 @@ def main() -> None:
     state = sum(p.numpy().nbytes for p in opt.parameters() if p.numpy().ndim)
     states = world.gather_objects(state)
     if rank == 0:
-        print(f"\n{ranks} rank(s), zero={a.zero}: the collectives of the compiled step "
-              f"(graph {compiled.graph.name}, {len(compiled.graph.nodes)} nodes)")
+        print(f"\n{ranks} rank(s), zero={a.zero}, compress={a.compress}: the collectives of "
+              f"the compiled step (graph {compiled.graph.name}, {len(compiled.graph.nodes)} "
+              f"nodes)")
         print_collectives(compiled.graph)
         print(f"optimizer state bytes per rank: {states} (one process: {whole_state})")
 

@@ -61,6 +61,7 @@ def lowered(opt: str, clip: bool, parallel):
     (dict(bucket_bytes=0), "bucket_bytes must be a positive integer"),
     (dict(bucket_bytes=1.5), "bucket_bytes must be a positive integer"),
     (dict(group=3), "group must be a group's name"),
+    (dict(compress="fp8"), "compress must be None, 'fp16' or 'bf16', got 'fp8'"),
 ])
 def test_bad_arguments_are_refused(bad, message):
     with pytest.raises(ArgumentError, match=message):
@@ -206,3 +207,48 @@ def test_explain_shows_the_passes_and_the_buckets(two_ranks):
     # not read, is a constant), then the zero that pads 419 elements to 2 equal shards
     assert re.search(r"bucket of 7: f64\[5,16\] \(test_data_parallel.py:\d+\), "
                      r"f64\[16\] constant, f64\[16,16\].*, f64\[1\] constant\n", text), text
+
+
+@pytest.mark.parametrize("compress, half", [("fp16", "f16"), ("bf16", "bf16")])
+def test_compression_divides_casts_sums_and_casts_back(compress, half):
+    """Each gradient: divided by the ranks in its dtype, cast to the half, summed (not
+    averaged: the division came first), cast back; the bucket is of the half dtype."""
+    parallel = dist.DataParallel(compress=compress, bucket_bytes=1 << 20)
+    assert parallel.key() != dist.DataParallel().key()
+    _, _, _, compiled = ddp.train("sgd", 1, clip=False, dtype=np.float32, parallel=parallel)
+    traced = [n for n in compiled.traced_graph.nodes if n.op == "all_reduce"]
+    assert len(traced) == len(ddp.SIZES) * 2
+    for n in traced:
+        assert (n.attrs["reduce"], n.out.type.dtype.name) == ("sum", half), n
+        cast = n.inputs[0].node
+        assert (cast.op, cast.inputs[0].node.op) == ("cast", "divide"), cast
+        # read through a cast back to f32 (the optimizer's kernel has it in its body)
+        for u in (u for u in n.out.users if n.out in u.inputs):  # (not an after edge)
+            casts = [u] if u.op == "cast" else [b for b in u.body.nodes if b.op == "cast"]
+            assert any(c.attrs["dtype"].name == "f32" for c in casts), u
+    (bucket,) = [n for n in compiled.graph.nodes if n.op == "all_reduce"]
+    assert bucket.out.type.dtype.name == half
+
+
+def test_a_loss_scaler_decides_for_every_rank_and_counts_its_skips():
+    """Under DataParallel the scaler's "finite" is an all_reduce max of "not finite"; a
+    skipped step counts in <name>.skipped."""
+    from graphopt import amp, optim
+    w = go.Parameter(np.ones(4, np.float32), name="w")
+    scaler = amp.DynamicLossScaler(init_scale=4.0)
+    opt = optim.SGD([w], lr=0.1)
+    grad_fn = go.value_and_grad(lambda x: scaler.scale((w * x).sum()), wrt=[w])
+
+    def step(x):
+        _, grads = grad_fn(x)
+        return scaler.step(opt, grads)
+
+    fn = go.jit(step, parallel=dist.DataParallel())
+    flags = [n for n in fn.lower(np.ones(4, np.float32)).traced_graph.nodes
+             if n.op == "all_reduce" and n.out.type.dtype.name == "bool"]
+    assert [n.attrs["reduce"] for n in flags] == ["max"]
+    assert bool(fn(np.ones(4, np.float32))) and scaler.skipped_steps == 0
+    before = w.numpy().copy()
+    assert not bool(fn(np.full(4, np.inf, np.float32)))
+    assert scaler.skipped_steps == 1 and scaler.scale_value == 2.0
+    np.testing.assert_array_equal(w.numpy(), before)

@@ -54,7 +54,7 @@ def test_compressed_gradients_send_half_the_bytes(ranks):
 
 
 def test_compressed_training_stays_within_the_tolerance(ranks):
-    for mode in ("fp16", "bf16"):
+    for mode in ("fp16", "bf16", "fp16:2"):
         same_on_every_rank(ranks, lambda r: r["compress"][mode]["params"], mode)
         want = ranks[0]["compress"]["None"]["losses"]
         got = ranks[0]["compress"][mode]["losses"]

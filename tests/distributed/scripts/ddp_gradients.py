@@ -4,7 +4,7 @@ the deferred reduction of an accumulation. Usage: ddp_gradients.py OUT [--steps 
 
 Each rank writes to OUT/rank<r>.json, per part:
 - "compress": examples/train_mlp.py's model (f32, AdamW) trained `--steps` steps with
-  compress None, "fp16" and "bf16": the losses (averaged over the ranks), the parameters,
+  compress None, "fp16" and "bf16" (and "fp16:2": fp16 at zero=2): the losses (averaged over the ranks), the parameters,
   the bytes one rank sends per step by the compiled graph's cost and as counted at the
   communicator, the dtypes of the collectives, and explain's collectives section.
 - "overflow": a DynamicLossScaler step (zero=0, zero=2, and under an Accumulate) where one
@@ -22,7 +22,7 @@ import sys
 from pathlib import Path
 
 import numpy as np
-from rankio import OUT, ARGS, save
+from rankio import ARGS, OUT, save
 
 import graphopt as go
 import graphopt.distributed as dist
@@ -75,7 +75,7 @@ def graph_bytes(compiled) -> int:
 def compress_part(world: Counting, steps: int) -> dict:
     r, n = world.rank, world.size
     out = {}
-    for mode in (None, "fp16", "bf16"):
+    for mode, zero in ((None, 0), ("fp16", 0), ("bf16", 0), ("fp16", 2)):
         rng = np.random.default_rng(0)
         x, labels = spirals(rng)
         params = init(rng)
@@ -90,7 +90,7 @@ def compress_part(world: Counting, steps: int) -> dict:
             opt.step(grads)
             return loss
 
-        parallel = dist.DataParallel(bucket_bytes=4096, compress=mode)
+        parallel = dist.DataParallel(zero=zero, bucket_bytes=4096, compress=mode)
         step = go.jit(train_step, parallel=parallel)
         compiled = step.lower(x, labels)
         losses, sent = [], []
@@ -102,7 +102,7 @@ def compress_part(world: Counting, steps: int) -> dict:
         text = io.StringIO()
         go.explain(step, x, labels, out=text)
         text = text.getvalue()
-        out[str(mode)] = {
+        out[f"{mode}:{zero}" if zero else str(mode)] = {
             "losses": losses, "params": {k: p.numpy().tolist() for k, p in params.items()},
             "graph_bytes": graph_bytes(compiled), "sent": sent,
             "dtypes": sorted({n.out.type.dtype.name for n in compiled.graph.nodes
