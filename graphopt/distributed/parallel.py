@@ -28,13 +28,17 @@ from typing import TYPE_CHECKING, Any, Sequence
 from .. import comm, ops
 from ..errors import ArgumentError, OptimizerError
 from ..frontend.rows import Rows
+from ..frontend.traces import current_trace
 from ..ir.types import bf16, f16
-from ..optim.accumulate import accumulating
+from ..optim.accumulate import Accumulate, accumulating
 from ..optim.optimizer import dtype_of
 from .layout import DEFAULT_BUCKET_BYTES
 from .sharding import Sharding
 
 COMPRESSIONS = {"fp16": f16, "bf16": bf16}  # DataParallel(compress=...): the wire dtype
+# The trace being made -> id(Accumulate) -> (it, a Parameter it sums, whether it reduced):
+# the gradients value_and_grad left unreduced for an Accumulate (`finish` checks them).
+_TRACED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
 
 if TYPE_CHECKING:
     from ..optim.optimizer import Optimizer
@@ -101,14 +105,39 @@ class DataParallel:
     def gradients(self, params: Sequence[Any], grads: list[Any]) -> list[Any]:
         """The gradients with respect to `params`, averaged over the ranks; those of the
         Parameters an Accumulate sums are this rank's own (it reduces their sum once per
-        update). A row gradient (K rows on each rank) is averaged as rows: every rank's
-        rows, all gathered (N·K rows), their values divided by N; the optimizer coalesces
-        them (torch DDP gathers sparse gradients likewise). ZeRO shards flat buckets of the
-        state, which row updates cannot address: with zero >= 1 a row gradient is an
-        ArgumentError."""
-        return [self._rows_mean(p, g) if isinstance(g, Rows) else
-                g if accumulating(p) is not None else self.reduce(g)
-                for p, g in zip(params, grads)]
+        update, `summed`; `finish` checks that it did). A row gradient (K rows on each rank)
+        is averaged as rows: every rank's rows, all gathered (N·K rows), their values
+        divided by N; the optimizer coalesces them (torch DDP gathers sparse gradients
+        likewise). ZeRO shards flat buckets of the state, which row updates cannot address:
+        with zero >= 1 a row gradient is an ArgumentError."""
+        out = []
+        for p, g in zip(params, grads):
+            acc = accumulating(p)
+            if isinstance(g, Rows):
+                out.append(self._rows_mean(p, g))
+            elif acc is None:
+                out.append(self.reduce(g))
+            else:
+                _TRACED.setdefault(current_trace(), {}).setdefault(id(acc), (acc, p, False))
+                out.append(g)
+        return out
+
+    def summed(self, acc: Accumulate) -> None:
+        """The Accumulate `acc` reduced its sums in the step being traced."""
+        left = _TRACED.setdefault(current_trace(), {})
+        left[id(acc)] = (acc, None, True)
+
+    def finish(self, trace: Any) -> None:
+        """At the end of a trace: every gradient left unreduced for an Accumulate went to
+        that Accumulate's step, else it would be reduced nowhere (OptimizerError)."""
+        for acc, p, summed in _TRACED.pop(trace, {}).values():
+            if not summed:
+                raise OptimizerError(
+                    f"the gradient of Parameter '{p.name}' is left this rank's own under "
+                    f"DataParallel, for the Accumulate that sums it ('{acc.opt.name}', "
+                    f"steps={acc.steps}), but the step never called that Accumulate's step, "
+                    f"so it is averaged over the ranks nowhere: step its optimizer through "
+                    f"the Accumulate")
 
     def _rows_mean(self, param: Any, g: Rows) -> Rows:
         if self.zero:

@@ -145,6 +145,8 @@ def trace_function(fn: Callable, args: tuple, kwargs: dict | None = None,
         call_args = pytree.unflatten(in_tree, proxies)  # (a row gradient: a node)
         pos, kw = _call_arguments(fn, call_args)
         result = fn(*pos, **kw)
+        if parallel is not None:  # (what it checks once the step is traced)
+            parallel.finish(trace)
         out_leaves, out_paths, out_tree = pytree.flatten(result)
         outputs = [payload(leaf, trace, None)[0] for leaf in out_leaves]
     graph = trace.finish(outputs)

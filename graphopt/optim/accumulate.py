@@ -89,6 +89,7 @@ refused (a dense sum would touch every row): accumulate their dense gradient ins
             totals = sums
         else:  # each rank summed its own gradients: their average, on the k-th call only
             totals = [parallel.reduce(total, when=ready, every=self.steps) for total in sums]
+            parallel.summed(self)
         self.opt.step([total / float(self.steps) for total in totals], where=ready)
         for acc, total in zip(self.accum, sums):
             assign(acc, _unless_dropped(where, ops.where(ready, 0.0, total), acc))

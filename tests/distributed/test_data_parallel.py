@@ -252,3 +252,33 @@ def test_a_loss_scaler_decides_for_every_rank_and_counts_its_skips():
     assert not bool(fn(np.full(4, np.inf, np.float32)))
     assert scaler.skipped_steps == 1 and scaler.scale_value == 2.0
     np.testing.assert_array_equal(w.numpy(), before)
+
+
+def test_a_gradient_left_for_an_accumulate_must_reach_it():
+    """Under DataParallel the gradient of a Parameter an Accumulate sums is left unreduced
+    for it: a step that bypasses the Accumulate is refused, not averaged nowhere."""
+    from graphopt import optim
+    from graphopt.errors import OptimizerError
+    w = go.Parameter(np.ones(4, np.float32), name="w")
+    opt = optim.SGD([w], lr=0.1, name="sgd")
+    acc = optim.Accumulate(opt, 2)
+    grad_fn = go.value_and_grad(lambda x: (w * x).sum(), wrt=[w])
+
+    def bypass(x):
+        _, grads = grad_fn(x)
+        opt.step(grads)
+
+    def through(x):
+        _, grads = grad_fn(x)
+        acc.step(grads)
+
+    with pytest.raises(OptimizerError, match="Parameter 'w' is left this rank's own under "
+                                             "DataParallel, for the Accumulate that sums it "
+                                             r"\('sgd', steps=2\)"):
+        go.jit(bypass, parallel=dist.DataParallel())(np.ones(4, np.float32))
+    fn = go.jit(through, parallel=dist.DataParallel())
+    whens = [n for n in fn.lower(np.ones(4, np.float32)).graph.nodes if n.opdef.ordered]
+    assert [(n.op, n.attrs["every"]) for n in whens] == [("all_reduce_when", 2)]
+    for _ in range(2):
+        fn(np.ones(4, np.float32))
+    np.testing.assert_allclose(w.numpy(), 0.9)  # the mean of two gradients of ones
