@@ -264,7 +264,7 @@ def test_every_op_in_the_registry_runs(rng):
                 ops.slice_scatter(x, y[:1], (0, 0), (1, 3)), *network_ops(x, y),
                 # in the world of this one process, each collective gives x back
                 ops.all_reduce(x, "mean"), ops.reduce_scatter(x), ops.all_gather(x),
-                ops.broadcast(x), ops.shard(x)]
+                ops.broadcast(x), ops.shard(x), ops.all_reduce_when(x, True, 2, "mean")]
 
     want = [x + y, x - y, x * y, x / y, x ** y, np.maximum(x, y), np.minimum(x, y), -x,
             np.abs(x - 1), np.sign(x - 1), np.sqrt(x), 1 / np.sqrt(x), np.exp(x), np.log(x),
@@ -272,7 +272,7 @@ def test_every_op_in_the_registry_runs(rng):
             (x > 1) | (y > 1), ~(x > 1), np.where(x > y, x, y), x.astype(np.float32),
             x.sum(1), x.max(0), x.mean(), x.reshape(3, 2), np.broadcast_to(x, (4, 2, 3)), x.T,
             x @ y.T, np.full(2, 3.0, np.float32), x, x[1:2, 2::-2],
-            np.concatenate([y[:1], x[1:]]), *network_ops_numpy(x, y), x, x, x, x, x]
+            np.concatenate([y[:1], x[1:]]), *network_ops_numpy(x, y), x, x, x, x, x, x]
     graph = go.trace(step, x, y)
     used = {n.op for n in graph.nodes}
     assert used == set(ops.__all__) - {"assign", "cast", "full", "zeros", "ones", "full_like",

@@ -177,7 +177,7 @@ register(OpDef("all_reduce", COLLECTIVE, _same_infer("all_reduce"),
 register(OpDef("all_reduce_when", COLLECTIVE, _when_infer, _all_reduce_when,
                attrs=_GROUP + ("reduce", "every"),
                attr_kinds=_GROUP_KINDS + (_REDUCE_KIND, at_least(1)), ordered=True,
-               predicated=True, sends=_ring(2, "input"),
+               predicated=True, sends=_ring(2, "input"), dtype_group=(0,),
                doc="all_reduce of x on the runs where the bool scalar `now` is true (the same "
                    "on every rank), else x unchanged, without communicating; it communicates "
                    "once every `every` runs (what the cost model counts)"))
