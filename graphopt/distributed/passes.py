@@ -16,6 +16,9 @@ are still those of an all_reduce, and the refusal list says which readers did th
 all_reduces such a bucket whole (every rank holds it) and the optimizer takes its shard.
 Where nothing reads them whole, zero=1's gradients are reduce_scattered as zero=2's: the
 same sums, a third fewer bytes than an all_reduce then an all_gather of the parameters.
+A compressed bucket (DataParallel(compress=...): `cast(all_reduce(half))` parts) is reduced
+in its half dtype, and only what the optimizer reads is cast back: the shard, or the bucket
+an all_reduce kept whole.
 
 Both passes run before the others (DataParallel puts them first) and keep the collectives
 a chain in node order (`rechain`), the same on every rank: passes are deterministic.
@@ -148,10 +151,23 @@ def bucket(graph: Graph, ctx: PassContext) -> dict:
     return {"buckets": len(placed), "packed": len(dead)}
 
 
-def _gradient_parts(values: list[Value], shard: Node) -> tuple[list[Node], list[Value]] | str:
-    """The all_reduces a sharded bucket is made of (the values it joins), and its padding;
-    or why not."""
-    olds, tail = [], []
+def _widened(n: Node | None) -> Node | None:
+    """The all_reduce sum that a cast back from a compressed (f16/bf16) sum reads, if n is
+    that cast (DataParallel(compress=...))."""
+    if n is None or n.op != "cast":
+        return None
+    src = n.inputs[0].node
+    if src is None or src.op != "all_reduce" or src.attrs["reduce"] != "sum" or \
+            src.out.type.dtype.itemsize != 2:
+        return None
+    return src
+
+
+def _gradient_parts(values: list[Value], shard: Node
+                    ) -> tuple[list[Node], list[Value], list[Node]] | str:
+    """The all_reduces a sharded bucket is made of (the values it joins), its padding, and
+    the casts back to the gradients' dtype of a compressed bucket's sums; or why not."""
+    olds, tail, casts = [], [], []
     for v in values:
         n = v.node
         if n is not None and n.opdef.category == CONSTANT and not tail and olds and \
@@ -162,6 +178,9 @@ def _gradient_parts(values: list[Value], shard: Node) -> tuple[list[Node], list[
             if len(n.out.users or ()) != 1:
                 return "a gradient's flat view is read elsewhere too"
             n = n.inputs[0].node
+        if _widened(n) is not None:  # a compressed sum, cast back
+            casts.append(n)
+            n = _widened(n)
         if n is not None and n.op != "all_reduce" and any(
                 u.node is not None and u.node.op == "all_reduce" for u in n.inputs):
             return (f"a gradient is changed after its all_reduce ({n.op} at {n.loc}: a clip, a "
@@ -170,9 +189,10 @@ def _gradient_parts(values: list[Value], shard: Node) -> tuple[list[Node], list[
                 n.attrs["group"] != shard.attrs["group"] or n.attrs["ranks"] != shard.attrs["ranks"]:
             return "its parts are not all_reduced gradients (a sum or mean over its group)"
         olds.append(n)
-    if len({n.attrs["reduce"] for n in olds}) != 1:
+    if len({n.attrs["reduce"] for n in olds}) != 1 or casts and (
+            len(casts) != len(olds) or len({n.out.type.dtype for n in olds}) != 1):
         return "its gradients are reduced differently"
-    return olds, tail
+    return olds, tail, casts
 
 
 @register("zero")
@@ -196,15 +216,22 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
         if isinstance(parts, str):
             ctx.refuse(f"shard at {shard.loc}" if shard.loc else "shard", parts, shard.loc)
             continue
-        olds, tail = parts
+        olds, tail, casts = parts
         attrs = dict(olds[0].attrs)
         loc, start = shard.loc, len(graph.nodes)
         layout = Bucket(tuple(m.out.type.shape for m in olds))
+        if casts:  # compressed: the padding in the sums' dtype, and the shard cast back
+            half = {"dtype": olds[0].out.type.dtype}
+            tail = [graph.add_node("cast", [t], half, loc=loc).out for t in tail]
         flat = _flat(graph, [m.inputs[0] for m in olds], loc, tail)
-        whole_readers = [m for m in olds if _readers(m.out, concat or shard)]
+        # (a compressed sum is read through its cast)
+        whole_readers = [m for m, c in zip(olds, casts or olds) if _readers(
+            c.out, concat or shard) or c is not m and set(m.out.users or ()) != {c}]
         if stage >= 2 or not whole_readers:
             mine = graph.add_node("reduce_scatter", [flat], attrs, loc=loc).out
-            shard.out.replace_all_uses_with(mine)
+            if casts:
+                mine_read = graph.add_node("cast", [mine], dict(casts[0].attrs), loc=loc).out
+            shard.out.replace_all_uses_with(mine_read if casts else mine)
             dead.append(shard)
             scattered += 1
             if whole_readers:
@@ -218,13 +245,16 @@ def zero(graph: Graph, ctx: PassContext) -> dict:
                                "gathered back after the reduce_scatter", m.loc)
         else:
             whole = graph.add_node("all_reduce", [flat], attrs, loc=loc).out
-            shard.inputs[0] = whole
-        if whole_readers:
+            shard.inputs[0] = whole if not casts else graph.add_node(
+                "cast", [whole], dict(casts[0].attrs), loc=loc).out
+        read_back = bool(whole_readers)
+        if read_back:  # (the casts of a compressed bucket then read their parts)
             _read_back(graph, whole, olds, layout)
         placed[id(shard)] = graph.nodes[start:]  # where the shard was
+        gone = olds + (casts if not read_back else [])
         dead += [concat] * (concat is not None) + [
             v.node for v in values if v.node is not None and v.node.op == "reshape" and
-            v.node.inputs[0].node in olds] + olds
+            v.node.inputs[0].node in olds + casts] + gone
     _finish(graph, dead, placed)
     return {"reduce_scatters": scattered, "all_gathers": gathered}
 

@@ -53,6 +53,13 @@ def test_compressed_gradients_send_half_the_bytes(ranks):
                 run["explain"]
 
 
+def test_zero2_scatters_the_compressed_bucket(ranks):
+    """At zero=2 the f16 bucket is reduce_scattered (this rank's shard is cast back), and the
+    new parameters are gathered in f32."""
+    got = [tuple(c) for c in ranks[0]["compress"]["fp16:2"]["collectives"]]
+    assert got == [("all_gather", "f32"), ("reduce_scatter", "f16")], got
+
+
 def test_compressed_training_stays_within_the_tolerance(ranks):
     for mode in ("fp16", "bf16", "fp16:2"):
         same_on_every_rank(ranks, lambda r: r["compress"][mode]["params"], mode)

@@ -107,6 +107,8 @@ def compress_part(world: Counting, steps: int) -> dict:
             "graph_bytes": graph_bytes(compiled), "sent": sent,
             "dtypes": sorted({n.out.type.dtype.name for n in compiled.graph.nodes
                               if n.op == "all_reduce"}),
+            "collectives": sorted({(n.op, n.inputs[0].type.dtype.name)
+                                   for n in compiled.graph.nodes if n.opdef.ordered}),
             "explain": text[text.index("=== collectives"):text.index("=== llvm")]}
     return out
 
