@@ -23,6 +23,15 @@ shape is smaller broadcasts into the space as in numpy. Each body output is eith
 parameter of the full space shape: the in-place update an `assign` became. A kernel that
 stores yields one token after its value outputs.
 
+A body may also reduce *rows*: `sum`/`max`/`mean %v {axes=[r, ..., n-1], keepdims=true}`
+(1 <= r < n, n the rank of every space; one r per kernel) is the reduction of v over the
+trailing axes r.. of the space, at this element's row, broadcast back: LayerNorm's mean and
+variance, softmax's max and sum, inside the kernel that reads them. A value computed only
+from such results, from constants and from operands of size 1 along axes r.. is
+*row-invariant*; an output of kind `"row@r"` is one, written once per row: a tensor of shape
+space[:r] + [1] * (n - r), what the unfused keepdims reduction gave (a LayerNorm forward hands
+its mean and rstd to the backward so).
+
 A multi-tensor kernel (the HyperMap idea) maps one body over several *instances*, one
 iteration space each. Its operands are the per-instance operands, instance after instance
 (for the body inputs not listed in `shared`), then the operands every instance shares (scalar
@@ -51,16 +60,109 @@ REDUCTIONS = tuple(name for name, op in REGISTRY.items() if op.category == REDUC
 OUTPUT_KINDS = ("map",) + REDUCTIONS  # and "sum@k", ...: see split_kind
 
 
+ROW = "row"  # "row@r": a row-invariant value, once per row
+
+
 def split_kind(kind: str) -> tuple[str, int | None]:
     """An output kind's reduction op and how many leading axes it reduces (None: all of
-    them; "map" gives ("map", None)). Raises ValueError for a kind that is none of these."""
+    them; "map" gives ("map", None); "row@r" gives ("row", r)). Raises ValueError for a kind
+    that is none of these."""
     op, at, k = kind.partition("@")
     if not at:
         if op in OUTPUT_KINDS:
             return op, None
-    elif op in REDUCTIONS and k.isdigit() and k == str(int(k)) and int(k) > 0:
+    elif (op in REDUCTIONS or op == ROW) and k.isdigit() and k == str(int(k)) and int(k) > 0:
         return op, int(k)
     raise ValueError(kind)
+
+
+def is_mapped(kind: str) -> bool:
+    """Whether an output is written element by element ("map") or row by row ("row@r"), as
+    opposed to reduced over the space's blocks."""
+    return kind == "map" or kind.startswith(ROW + "@")
+
+
+def row_shape(space: Sequence[int], r: int) -> tuple[int, ...]:
+    """The shape of a row value of an n-space: its leading r axes, then n - r ones."""
+    return tuple(space)[:r] + (1,) * (len(space) - r)
+
+
+def output_shape(kind: str, space: Sequence[int]) -> tuple[int, ...]:
+    if kind == "map":
+        return tuple(space)
+    op, k = split_kind(kind)
+    return row_shape(space, k) if op == ROW else reduced_shape(kind, space)
+
+
+def body_reductions(body: Graph) -> list[Node]:
+    """A body's row reductions (see the module's doc), in body order."""
+    return [n for n in body.nodes if n.opdef.category == REDUCTION]
+
+
+def row_axis(body: Graph) -> int | None:
+    """The first axis a body's row reductions reduce (r), or None if it has none."""
+    reds = body_reductions(body)
+    return reds[0].attrs["axes"][0] if reds else None
+
+
+def row_passes(body: Graph) -> list[list[Node]]:
+    """The body's row reductions by pass: a reduction runs in the pass after the last one
+    whose results its operand depends on (LayerNorm: the mean, then the variance of x -
+    mean). The compiled loop makes one pass over a row per entry, then a last one that
+    computes the elements."""
+    depth: dict[Value, int] = {}
+    passes: list[list[Node]] = []
+    for n in body.nodes:
+        d = max((depth.get(v, 0) for v in n.inputs), default=0)
+        if n.opdef.category == REDUCTION:
+            d += 1
+            passes += [[] for _ in range(d - len(passes))]
+            passes[d - 1].append(n)
+        depth.update((v, d) for v in n.outputs)
+    return passes
+
+
+def upstream(body: Graph, roots: Sequence[Value], known: set[Value]) -> list[Node]:
+    """The body nodes (in order, stores excluded) that compute `roots` from the body's inputs
+    and the values in `known`."""
+    want, producer = set(roots) - known, {v: n for n in body.nodes for v in n.outputs}
+    stack, seen = list(want), set()
+    while stack:
+        v = stack.pop()
+        n = producer.get(v)
+        if n is None or id(n) in seen:
+            continue
+        seen.add(id(n))
+        stack += [x for x in n.inputs if x not in known]
+    return [n for n in body.nodes if id(n) in seen]
+
+
+def pass_inputs(body: Graph) -> list[set[Value]]:
+    """The body inputs each row pass reads."""
+    known: set[Value] = set()
+    out = []
+    for reds in row_passes(body):
+        roots = [m.inputs[0] for m in reds]
+        reads = set(roots).union(*(n.inputs for n in upstream(body, roots, known)))
+        out.append(reads & set(body.inputs))
+        known.update(m.out for m in reds)
+    return out
+
+
+def row_invariant(body: Graph, operand_shapes: Sequence[tuple[int, ...]],
+                  space: Sequence[int], r: int) -> set[Value]:
+    """The body values that are the same at every element of a row (axes r.. of an n-space):
+    row reductions, constants, operands of size 1 along those axes (`operand_shapes`, one per
+    body input, in numpy's right-aligned broadcasting), and what only these compute."""
+    n = len(space)
+    inv = {x for x, shape in zip(body.inputs, operand_shapes)
+           if all(s == 1 for s in ((1,) * (n - len(shape)) + tuple(shape))[r:])}
+    for m in body.nodes:
+        if m.op == "store":
+            continue
+        if m.opdef.category == REDUCTION or all(v in inv for v in m.inputs):
+            inv.update(m.outputs)
+    return inv
 
 
 def kind_for(op: str, axes: Sequence[int], ndim: int) -> str:
@@ -195,9 +297,10 @@ def infer_types(node: Node) -> list[Type]:
     kinds = list(attrs["outputs"])
     spaces = [tuple(space) for space in attrs["spaces"]]
     if len(kinds) != lay.body_outputs or not all(_valid_kind(k, spaces) for k in kinds):
-        raise OpTypeError(f"kernel: outputs={kinds} must give one of {list(OUTPUT_KINDS)}, or "
+        raise OpTypeError(f"kernel: outputs={kinds} must give one of {list(OUTPUT_KINDS)}, "
                           f"a reduction over the leading k axes (\"sum@k\", 0 < k < the rank "
-                          f"of every space), per body output ({lay.body_outputs})")
+                          f"of every space), or a row value (\"row@r\"), per body output "
+                          f"({lay.body_outputs})")
     if any(not 0 <= j < lay.body_inputs for j in lay.shared) or \
             len(set(lay.shared)) != len(lay.shared) or \
             len(node.inputs) != lay.instances * len(lay.per_instance) + len(lay.shared):
@@ -207,14 +310,48 @@ def infer_types(node: Node) -> list[Type]:
     targets = {j for j, _ in stores(body)}
     if not _operands_fit(node, lay, spaces, targets):
         _explain_misfit(node, lay, spaces, targets)
-    by_output = [[TensorType(space, r.dtype) for space in spaces] if kind == "map" else
-                 [TensorType(reduced_shape(kind, space), r.dtype) for space in spaces]
+    _check_rows(node, kinds, spaces)
+    by_output = [[TensorType(output_shape(kind, space), r.dtype) for space in spaces]
                  for kind, r in zip(kinds, body.outputs)]
     out: list[Type] = [t for row in zip(*by_output) for t in row]
     return out + ([token] if lay.has_token else [])
 
 
 _TYPE, _DTYPE, _SHAPE = (operator.attrgetter(a) for a in ("type", "dtype", "shape"))
+
+
+def _check_rows(node: Node, kinds: list[str], spaces: list[tuple[int, ...]]) -> None:
+    """Row reductions reduce the trailing axes r.. of every space, one r per kernel, keeping
+    them; a "row@r" output has that r and is row-invariant in every instance."""
+    body = node.body
+    reds = body_reductions(body)
+    rows = [k for k in kinds if k.startswith(ROW + "@")]
+    if not reds and not rows:
+        return
+    r = row_axis(body)
+    for n in reds:
+        axes, ranks = list(n.attrs["axes"]), {len(space) for space in spaces}
+        if not axes or len(ranks) != 1 or not 1 <= axes[0] < min(ranks):
+            raise OpTypeError(f"kernel: {n.op} {{axes={axes}}} in the body: a row reduction "
+                              f"reduces the trailing axes r.. (1 <= r < the rank) of spaces "
+                              f"of one rank, not {[list(s) for s in spaces]}")
+        n_dim = ranks.pop()
+        if axes != list(range(axes[0], n_dim)) or axes[0] != r or not n.attrs["keepdims"]:
+            raise OpTypeError(f"kernel: {n.op} {{axes={axes}, keepdims="
+                              f"{str(n.attrs['keepdims']).lower()}}} in the body: a row "
+                              f"reduction reduces the trailing axes {list(range(r, n_dim))} "
+                              f"(the same r={r} for every one), keepdims=true")
+    for kind, out in zip(kinds, body.outputs):
+        if not kind.startswith(ROW + "@"):
+            continue
+        if split_kind(kind)[1] != r:
+            has = f"reduces from axis {r}" if r is not None else "has no row reduction"
+            raise OpTypeError(f"kernel: output kind {kind!r}: the body {has}")
+        for space, row in zip(spaces, instance_rows(node)):
+            if out not in row_invariant(body, [v.shape for v in row], space, r):
+                raise OpTypeError(f"kernel: a {kind!r} output must be the same along axes "
+                                  f"{r}.. of the space {list(space)} (made only from row "
+                                  f"reductions, constants and operands of size 1 there)")
 
 
 def _operands_fit(node: Node, lay: Layout, spaces: list[tuple[int, ...]],
@@ -294,15 +431,26 @@ def run(node: Node, arrays: Sequence[np.ndarray],
                 target = node.inputs[lay.operand_index(i, body.inputs.index(n.inputs[0]))]
                 writes.append((target, np.broadcast_to(env[n.inputs[1]], space)))
                 continue
+            if n.opdef.category == REDUCTION:  # a row reduction: the unfused node's numpy
+                env[n.out] = body_node(n, [np.broadcast_to(env[n.inputs[0]], space)])
+                continue
             env[n.outputs[0]] = body_node(n, [env[v] for v in n.inputs])
         for kind, r in zip(node.attrs["outputs"], body.outputs):
-            full = np.broadcast_to(env[r], space)
-            # The unfused reduction node's own semantics: the same summation order, and 16-bit
-            # floats accumulated in f32.
-            result = full if kind == "map" else get_op(split_kind(kind)[0]).impl(
-                full, axes=reduced_axes(kind, space), keepdims=False)
+            result = _output(kind, np.broadcast_to(env[r], space), space)
             outputs.append(np.array(result, dtype=r.dtype.np_dtype))
     return outputs, writes
+
+
+def _output(kind: str, full: np.ndarray, space: tuple[int, ...]) -> np.ndarray:
+    """A body output's value from its value broadcast to the space."""
+    if kind == "map":
+        return full
+    op, k = split_kind(kind)
+    if op == ROW:  # the same along axes k..: the first element of each row
+        return full[tuple(slice(None) if a < k else slice(0, 1) for a in range(len(space)))]
+    # The unfused reduction node's own semantics: the same summation order, and 16-bit floats
+    # accumulated in f32.
+    return get_op(op).impl(full, axes=reduced_axes(kind, space), keepdims=False)
 
 
 @dataclass(frozen=True)
@@ -336,7 +484,10 @@ def cost(node: Node) -> KernelCost:
     """Each operand the body reads is read once; each stored parameter and mapped output is
     written once; nothing in between touches memory (that is what fusion buys). A row
     kernel's elements are its rows' (K·D): it reads and writes K rows of each table (its
-    `indexed` operands) and its K indices once, whatever the tables' size."""
+    `indexed` operands) and its K indices once, whatever the tables' size. A row reduction's
+    pass reads the operands it needs once more per pass (counted: the loads the loop issues,
+    though a row of a few KB is read again from L1 or L2, not from memory); a "row@r" output
+    is written once per row."""
     body = node.body
     lay = layout(node)
     indexed = set(node.attrs.get("indexed", ()))
@@ -345,13 +496,14 @@ def cost(node: Node) -> KernelCost:
     read_in_body |= set(body.outputs)
     read = write = fixed = reduced = 0
     spaces = [tuple(space) for space in node.attrs["spaces"]]
+    rereads = [x for p in pass_inputs(body) for x in p] if node.op != ROW_KERNEL else []
     elements = sum(map(math.prod, spaces))
     for j, (x, column) in enumerate(zip(body.inputs, columns(node, lay))):
         if j in lay.shared:
             column = column[:1]  # read once, as instance 0 reads it
         shapes = list(map(_SHAPE, map(_TYPE, column)))
         if j in indexed or shapes[0] == spaces[0]:  # per-element rates: alike in all instances
-            read += x.dtype.itemsize if x in read_in_body else 0
+            read += x.dtype.itemsize * ((x in read_in_body) + rereads.count(x))
             write += x.dtype.itemsize if j in targets else 0
         if j not in indexed and x in read_in_body and shapes != spaces[:len(shapes)]:
             fixed += sum(v.type.nbytes for v, shape, space in zip(column, shapes, spaces)
@@ -360,7 +512,7 @@ def cost(node: Node) -> KernelCost:
         if kind == "map":
             write += r.dtype.itemsize
         else:
-            reduced += r.dtype.itemsize * sum(math.prod(reduced_shape(kind, space))
+            reduced += r.dtype.itemsize * sum(math.prod(output_shape(kind, space))
                                               for space in spaces)
     indices = sum(v.type.indices_type.nbytes for v in node.inputs[:lay.lead])
     return KernelCost(read, write, fixed + reduced + indices, elements, reduced)

@@ -29,7 +29,8 @@ Each violation raises a VerifyError naming the rule and the node:
                      step input or a rank's own part, so every rank communicates on the
                      same runs (ranks that disagree would wait for each other forever)
   kernel-body        a kernel body has element-typed `arg` inputs and only elementwise ops,
-                     scalar constants and stores (one per input); `store` appears only there
+                     row reductions (their axes checked by the kernel's type rule), scalar
+                     constants and stores (one per input); `store` appears only there
   kernel-aliasing    a parameter a kernel stores is bound to exactly one of its operands
   uses               each node output's use list (Value.users) names the nodes of this graph
                      that read it and the graph if its return does, as many times as they
@@ -49,8 +50,8 @@ from .analysis import live_nodes, producers, unordered_readers
 from .graph import Graph, Node, Value
 from .kernel import infer_types, stores, written
 from .printer import Namer, format_node, value_names
-from .registry import (COLLECTIVE, CONSTANT, ELEMENTWISE, KERNEL, REGISTRY, check_attr_kinds,
-                       check_attrs)
+from .registry import (COLLECTIVE, CONSTANT, ELEMENTWISE, KERNEL, REDUCTION, REGISTRY,
+                       check_attr_kinds, check_attrs)
 from .types import RowsType, TensorType, TokenType, Type, shape_problem
 from .uses import Operands
 
@@ -155,12 +156,16 @@ def _check_node(node: Node, fail: Fail, region: bool) -> None:
         fail("kernel-body", node, "a kernel node needs a body, and only a kernel has one")
     if node.op == "store" and not region:
         fail("kernel-body", node, "store is only allowed inside a kernel body (use assign)")
-    if region and node.op not in ("store",) and op.category not in (ELEMENTWISE, CONSTANT):
+    if region and node.op not in ("store",) and \
+            op.category not in (ELEMENTWISE, CONSTANT, REDUCTION):
         fail("kernel-body", node, f"{node.op} cannot be inside a kernel body")
     if node.body is not None:
         _verify(node.body, region=True)
     try:
-        expected = infer_types(node)
+        # A row reduction in a body is an element of its operand's type (the kernel checks
+        # its axes against the spaces: kernel.infer_types).
+        expected = [v.type for v in node.inputs[:1]] if region and op.category == REDUCTION \
+            else infer_types(node)
     except GraphoptError as e:
         fail("types", node, e.message)
     got = [v.type for v in node.outputs]

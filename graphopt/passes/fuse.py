@@ -14,6 +14,14 @@ element (see ir/kernel.py), so its intermediate values never touch memory:
     gradient, the sum over the batch of a [batch, features] cotangent), an output of kind
     "sum@k": the kernel that makes the cotangent also reduces it, so it is read once (and not
     written at all if nothing else reads it);
+  - a row reduction (sum, max or mean over the last axes r.., keepdims=true: LayerNorm's mean
+    and variance, softmax's max and sum) joins the kernel of its operand as a value inside
+    it (ir/kernel.py): the kernel makes a pass over each row per level of such reductions,
+    then computes the elements, so what reads the row values joins the kernel too. An
+    elementwise node of the row's shape that reads only the group's row values (a variance
+    plus epsilon, its rsqrt) joins as a row value, computed once per row; a row value read
+    outside leaves the kernel as a "row@r" output, of the unfused node's shape. All the row
+    reductions of a kernel start at the same axis r;
   - scalar constants are copied into every body that uses them (the only work fusion ever
     duplicates: they cost nothing to recompute and nothing to read);
   - a scalar computed only from scalar inputs (a learning rate cast to f32, a hyper-parameter
@@ -29,11 +37,12 @@ A merge is refused, and the reason recorded for `explain`, when
     for each element would cost more than passing its one result);
   - a path between the two groups leaves them (through a node or a kernel outside): merging
     would make a cycle. After edges count as paths, so a write-after-read order is kept;
-  - the consumer needs a reduction the producer group computes.
+  - the consumer needs a full or leading-axes reduction the producer group computes;
+  - both groups have row reductions, from different axes.
 Nodes that carry after edges (a `depend`), and every non-elementwise node, stay outside;
-for a reduction that is not a kernel output (over the last axes, or with keepdims), for an
-nn op (log_softmax, softmax_cross_entropy, mse_loss) and for a collective, a refusal says
-why.
+for a reduction that is neither a kernel output nor a row reduction (over the last axes with
+keepdims=false, over middle axes, keepdims over the leading ones), for an nn op (log_softmax,
+softmax_cross_entropy, mse_loss) and for a collective, a refusal says why.
 """
 from __future__ import annotations
 
@@ -62,7 +71,14 @@ def _is_constant(n: Node | None) -> bool:
 
 
 def reductions(g: Group) -> list[Node]:
-    return [n for n in g.members if n.opdef.category == REDUCTION]
+    """The group's reductions that are kernel outputs (not row reductions: those are values
+    inside the kernel)."""
+    return [n for n in g.members if n.opdef.category == REDUCTION and trailing_axes(n) is None]
+
+
+def row_axis(g: Group) -> int | None:
+    """The first axis the group's row reductions reduce (one per kernel), or None."""
+    return next((r for r in map(trailing_axes, g.members) if r is not None), None)
 
 
 def space_of(n: Node) -> tuple[int, ...] | None:
@@ -72,7 +88,8 @@ def space_of(n: Node) -> tuple[int, ...] | None:
     if n.opdef.has_effect:
         return n.inputs[0].shape
     if n.opdef.category == REDUCTION:
-        return n.inputs[0].shape if leading_axes(n) is not None else None
+        fusable = leading_axes(n) is not None or trailing_axes(n) is not None
+        return n.inputs[0].shape if fusable else None
     if n.opdef.category == ELEMENTWISE and len(n.outputs) == 1:
         return n.outputs[0].shape
     return None
@@ -80,9 +97,8 @@ def space_of(n: Node) -> tuple[int, ...] | None:
 
 # Why each nn op stays a node: none is elementwise, and fuse does not decompose them.
 _NN_REASONS = {
-    "log_softmax": "log_softmax reduces each row (its max, then the log of the sum of exps) "
-                   "and reads the result back at every element of the row: one pass of a "
-                   "kernel cannot do both; it runs as a numpy node",
+    "log_softmax": "log_softmax is one nn op, not decomposed into the max, exp, sum and log "
+                   "that would fuse as row reductions: it runs as a numpy node",
     "softmax_cross_entropy": "softmax_cross_entropy reduces each row (log-sum-exp over the "
                              "classes), picks each row's label and averages over the batch: "
                              "not elementwise; it runs as a numpy node",
@@ -100,11 +116,25 @@ def leading_axes(n: Node) -> int | None:
     return len(axes)
 
 
+def trailing_axes(n: Node) -> int | None:
+    """The first axis r of a row reduction (axes=[r, ..., n-1], 1 <= r < n, keepdims=true):
+    a value inside a kernel, at every element of its row (see ir/kernel.py); None for any
+    other node."""
+    if n.opdef.category != REDUCTION or not n.attrs["keepdims"] or not n.attrs["axes"]:
+        return None
+    axes, ndim = tuple(n.attrs["axes"]), n.inputs[0].type.ndim
+    r = axes[0]
+    return r if 1 <= r and axes == tuple(range(r, ndim)) else None
+
+
 class _Fuser(Grouping):
     def __init__(self, graph: Graph, ctx: PassContext):
         super().__init__(graph)
         self.graph, self.ctx = graph, ctx
         self.inline = self._loop_invariant_scalars()
+        # Outer values a group computes once per row (row reductions, and elementwise nodes
+        # of a row's shape that only they feed): the r of their rows.
+        self.row_values: dict[Value, int] = {}
 
     @functools.cached_property
     def names(self) -> dict[Value, str]:
@@ -143,6 +173,10 @@ class _Fuser(Grouping):
                         full = "full " if v.shape == () else ""
                         return (f"{self.names[v]} is a {full}reduction: it exists only once its "
                                 f"kernel has finished, so it cannot be used inside it")
+        ra, rb = row_axis(a), row_axis(b)
+        if ra is not None and rb is not None and ra != rb:
+            return (f"row reductions over different axes: from axis {ra} and from axis {rb} "
+                    f"(a kernel's rows are one shape)")
         if a.space != b.space:
             if a.space == () or b.space == ():
                 big = list(b.space or a.space)
@@ -165,13 +199,19 @@ class _Fuser(Grouping):
             if n.after:
                 return "it carries an after edge (a depend): such nodes stay outside kernels"
             axes, shape = list(n.attrs["axes"]), list(n.inputs[0].shape)
+            ndim = len(shape)
+            trailing = bool(axes) and axes == list(range(axes[0], ndim)) and axes[0] >= 1
             if n.attrs["keepdims"]:
-                return (f"keepdims=true: a kernel's reduced output drops the reduced axes (a "
-                        f"reduction over every axis or over the leading ones, keepdims=false, "
-                        f"ends a kernel)")
+                return (f"keepdims=true over axes {axes} of {shape}: a reduction keeps its "
+                        f"axes inside a kernel only as a row reduction, over the last axes "
+                        f"and not all of them (axes=[r, ..., {ndim - 1}], 1 <= r)")
+            if trailing:
+                return (f"it reduces the last axes {axes} of {shape} with keepdims=false: a "
+                        f"row reduction inside a kernel keeps them (keepdims=true), and a "
+                        f"kernel output reduces every axis or the leading ones")
             return (f"it reduces axes {axes} of {shape}: a kernel output reduces every axis, "
-                    f"or the leading ones (\"sum@k\"); a reduction over the last axes (a row "
-                    f"sum: softmax, layernorm) runs as a numpy node")
+                    f"or the leading ones (\"sum@k\"), and a row reduction the last ones "
+                    f"(keepdims=true); it runs as a numpy node")
         if op.category == NN:
             return _NN_REASONS.get(n.op, f"{n.op} is an nn op, not elementwise: it runs as a "
                                          f"numpy node")
@@ -206,6 +246,9 @@ class _Fuser(Grouping):
                     self.merge(source, single)
                 continue
             g = self.add(Group(space, [n]))
+            if trailing_axes(n) is not None:
+                self.row_values[n.out] = trailing_axes(n)
+            g = self.join_row(n, g)
             for v in n.inputs:
                 pg = self.group.get(id(self.producer.get(v)))
                 if pg is None or pg is g or _is_constant(self.producer[v]):
@@ -217,6 +260,30 @@ class _Fuser(Grouping):
                                     f"{self.name(self.producer[v])}", reason, n.loc)
                 else:
                     g = self.merge(pg, g)
+
+    def join_row(self, n: Node, g: Group) -> Group:
+        """An elementwise node of a row's shape that reads row values of one group (a
+        variance plus epsilon, its rsqrt) and nothing else that group makes joins it, in its
+        space, as a row value: the kernel computes it once per row. Its group, as it is
+        now."""
+        for v in n.inputs:
+            pg = self.group.get(id(self.producer.get(v)))
+            r = self.row_values.get(v)
+            if pg is None or r is None or n.out.shape != kernel_ir.row_shape(pg.space, r) or \
+                    n.out.shape == pg.space:
+                continue
+            if any(self.group.get(id(self.producer.get(w))) is pg and w not in self.row_values
+                   for w in n.inputs):
+                return g  # (it reads an element value of pg: it is not of a row's shape)
+            row = self.add(Group(pg.space, [n]))
+            reason = self.why_not(pg, row, b_is_newest=True)
+            if reason:
+                self.ctx.refuse(f"{self.name(n)} into the kernel of {self.name(pg.members[0])}",
+                                f"not a row value of it: {reason}", n.loc)
+                return self.add(Group(g.space, [n]))
+            self.row_values[n.out] = r
+            return self.merge(pg, row)
+        return g
 
     def merge_siblings(self) -> None:
         """Groups of one iteration space that read the same tensor, with no value passing
@@ -267,7 +334,7 @@ class _Fuser(Grouping):
         """The kernel node for a group; outer value -> kernel output; values it absorbed."""
         inside = {id(n) for n in g.members}
         body = _Body(self.producer, self.inline)
-        kinds, results = body.add(g.members, inside)
+        kinds, results = body.add(g.members, inside, g.space, row_axis(g))
         k = Node("kernel", body.operands,
                  {"spaces": [list(g.space)], "outputs": kinds, "shared": []}, [],
                  self._outer_after(g, inside, body.operands), body=body.graph)
@@ -344,10 +411,12 @@ class _Body:
                                     TensorType((), v.dtype))
         return env[v]
 
-    def add(self, members: list[Node], inside: set[int]) -> tuple[list[str], list[Value]]:
-        """The members as body nodes: an assign becomes a store, a reduction a reduced output,
-        an element value read outside the kernel a mapped output. The output kinds and the
-        outer values they stand for."""
+    def add(self, members: list[Node], inside: set[int], space: tuple[int, ...], r: int | None
+            ) -> tuple[list[str], list[Value]]:
+        """The members as body nodes: an assign becomes a store, a reduction a reduced output
+        (a row reduction: a body node), an element value read outside the kernel a mapped
+        output, a row value so read a "row@r" one. The output kinds and the outer values
+        they stand for."""
         body = self.graph
         kinds: list[str] = []
         results: list[Value] = []
@@ -356,6 +425,10 @@ class _Body:
             if n.opdef.has_effect:
                 target, value = self.element(n.inputs[0]), self.element(n.inputs[1])
                 stores.append(body.add_node("store", [target, value], loc=n.loc).out)
+            elif trailing_axes(n) is not None:
+                t = TensorType((), n.out.dtype)
+                self.env[n.out] = body.add_node(n.op, [self.element(n.inputs[0])], n.attrs,
+                                                out_types=[t], loc=n.loc).out
             elif n.opdef.category == REDUCTION:
                 kinds.append(kernel_ir.kind_for(n.op, n.attrs["axes"], n.inputs[0].type.ndim))
                 results.append(n.out)
@@ -364,10 +437,10 @@ class _Body:
                 self.env[n.out] = body.add_node(n.op, [self.element(v) for v in n.inputs],
                                                 n.attrs, loc=n.loc).out
         for n in members:  # element results read outside the kernel leave it as "map"
-            if n.opdef.category == REDUCTION or n.opdef.has_effect:
+            if n.opdef.has_effect or n.out not in self.env:
                 continue
             if read_outside(n.out, inside):
-                kinds.append("map")
+                kinds.append("map" if n.out.shape == space else f"{kernel_ir.ROW}@{r}")
                 results.append(n.out)
                 body.outputs.append(self.env[n.out])
         body.effects = stores
@@ -380,6 +453,9 @@ def fuse(graph: Graph, ctx: PassContext) -> dict:
     f.group_nodes()
     f.merge_siblings()
     f.merge_scalar_siblings()
-    absorbed = sum(len(g.members) for g in {id(g): g for g in f.group.values()}.values())
+    groups = {id(g): g for g in f.group.values()}.values()
+    absorbed = sum(len(g.members) for g in groups)
+    rows = sum(trailing_axes(n) is not None for g in groups for n in g.members)
     kernels = f.rewrite()
-    return {"kernels": kernels, "nodes_fused": absorbed}
+    stats = {"kernels": kernels, "nodes_fused": absorbed}
+    return {**stats, "row_reductions": rows} if rows else stats

@@ -13,7 +13,9 @@ parameters. Kernels are combined when
     next;
   - none has a reduction over leading axes ("sum@k": its result's shape would differ from
     one instance to the next);
-  - no kernel depends on another of the group (that would need two passes, not one).
+  - no kernel depends on another of the group (that would need two passes, not one);
+  - none has row reductions (a LayerNorm's, a softmax's): their row passes are compiled for
+    one iteration space, so such a kernel stays as it is, with a refusal saying so.
 
     %5, %6 = kernel @w0, %g0, %lr {spaces=[[4,3]], ...}      %9 = kernel @w0, %g0, @w1, %g1,
     %7, %8 = kernel @w1, %g1, %lr {spaces=[[10]], ...}   ->       %lr {spaces=[[4,3], [10]],
@@ -25,7 +27,7 @@ import functools
 from typing import Callable
 
 from ..ir.graph import Graph, Node, Value
-from ..ir.kernel import infer_types, layout
+from ..ir.kernel import body_reductions, infer_types, layout
 from ..ir.printer import value_names
 from .cse import attrs_key
 from .grouping import Group, Grouping, install
@@ -97,6 +99,11 @@ def _bundles(graph: Graph, grouping: Grouping, ctx: PassContext,
     buckets: dict[tuple, list[Group]] = {}
     for n in graph.nodes:
         if n.body is None:
+            continue
+        if n.op == "kernel" and body_reductions(n.body):
+            ctx.refuse(f"{names()[n.outputs[0]]} = kernel", "not mapped with other kernels: "
+                       "it reduces rows, and its row passes are compiled for one iteration "
+                       "space", n.loc)
             continue
         sig = signature(n)
         if sig is None or sig[-1]:  # scalar kernels: nothing to gain from mapping them

@@ -26,7 +26,7 @@ from __future__ import annotations
 import functools
 
 from ..ir.graph import Graph, Node, Value
-from ..ir.kernel import ROW_KERNEL, infer_types
+from ..ir.kernel import ROW_KERNEL, body_reductions, infer_types
 from ..ir.printer import value_names
 from ..ir.types import RowsType, TensorType
 from .grouping import install
@@ -52,6 +52,8 @@ def _plan(k: Node) -> tuple[Value, list[Node]] | str:
     space = tuple(k.attrs["spaces"][0])
     if len(k.attrs["spaces"]) != 1 or set(k.attrs["outputs"]) != {"map"} or k.body.effects:
         return "it is not one iteration space whose results are all maps"
+    if body_reductions(k.body):
+        return "it reduces rows of its values (a row kernel's body is elementwise)"
     rows, assigns = None, []
     for out in k.outputs:
         w = _only_reader(out)

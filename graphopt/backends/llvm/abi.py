@@ -14,7 +14,17 @@ from typing import Mapping, NamedTuple
 
 from ...errors import LoweringError
 from ...ir.graph import Node
-from ...ir.kernel import ROW_KERNEL, columns, instance_rows, layout, reduced_shape
+from ...ir.kernel import (
+    ROW_KERNEL,
+    columns,
+    instance_rows,
+    is_mapped,
+    layout,
+    output_shape,
+    reduced_shape,
+    row_axis,
+    row_shape,
+)
 from ...ir.printer import format_graph
 from ...ir.types import contiguous_strides
 
@@ -33,6 +43,9 @@ class Instance(NamedTuple):  # a tuple: a multi-tensor kernel makes thousands
     unit_offset: int  # where its units start among all instances' units
     block_units: int  # units per reduction block
     block_offset: int  # index of its first block among all blocks
+    # Dimensions (of `dims`) that index a row, in a kernel with row reductions: the loops
+    # below them are its row passes (0: no row reductions).
+    rows: int = 0
 
     @property
     def units(self) -> int:
@@ -49,7 +62,7 @@ class KernelABI:
 
     name: str
     instances: tuple[Instance, ...]
-    n_maps: int  # mapped outputs per instance
+    n_maps: int  # mapped outputs per instance ("map" and "row@r": written as the loop goes)
     reductions: tuple[str, ...]  # kind of each reduced output, in body-output order
     has_token: bool
     # Elements of each reduced output: 1 for a full reduction, the kept axes' size for a
@@ -143,12 +156,17 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None,
     if node.op == ROW_KERNEL:
         return _named(node, fastmath, text, strided, _row_instances(node, lay), 0, (), (), lay)
     kinds = list(node.attrs["outputs"])
-    n_maps = kinds.count("map")
-    reduced = [k for k in kinds if k != "map"]
+    mapped = [k for k in kinds if is_mapped(k)]
+    n_maps = len(mapped)
+    reduced = [k for k in kinds if not is_mapped(k)]
     leading = [k for k in reduced if "@" in k]
     if leading and lay.instances != 1:
         raise LoweringError(f"a multi-tensor kernel's reduction over leading axes ({leading}) "
                             f"has no code path: each instance's result has its own shape")
+    r = row_axis(node.body)
+    if r is not None and lay.instances != 1:
+        raise LoweringError("a multi-tensor kernel with row reductions has no code path: its "
+                            "row passes are planned for one iteration space")
     widths = tuple(math.prod(reduced_shape(k, space)) if "@" in k else 1
                    for k, space in zip(reduced, node.attrs["spaces"][:1] * len(reduced)))
     instances = []
@@ -166,18 +184,25 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None,
         space = tuple(node.attrs["spaces"][0])
         row = next(instance_rows(node, lay))
         # A leading-axes reduction's result is an array broadcast along the reduced axes, so
-        # the collapse keeps the reduced axes apart from the kept ones.
-        dims, strides = collapse(space, [v.type.shape for v in row] + [space] * n_maps +
-                                 [reduced_shape(k, space) for k in leading], strided)
-        if leading and dims and any(st[0] for st in strides[len(strides) - len(leading):]):
-            # The reduced axes were all of size 1: an outer loop of one unit, so that blocks
-            # (of units) never cut the kept axes.
+        # the collapse keeps the reduced axes apart from the kept ones; a row's shape keeps
+        # the axes that index rows apart from those along a row.
+        rows = [row_shape(space, r)] if r is not None else []
+        dims, strides = collapse(space, [v.type.shape for v in row] +
+                                 [output_shape(k, space) for k in mapped] +
+                                 [reduced_shape(k, space) for k in leading] + rows, strided)
+        depth = sum(map(bool, strides.pop())) if rows else 0  # the dims that index rows
+        reduced_first = leading and dims and any(st[0] for st in strides[len(strides) -
+                                                                         len(leading):])
+        if reduced_first or (rows and not depth):
+            # The reduced axes were all of size 1 (or the row index axes were): an outer loop
+            # of one unit, so that blocks (of units) never cut the kept axes, nor units a row.
             dims, strides = (1,) + dims, [(0,) + st for st in strides]
+            depth += bool(rows)
         inner = math.prod(dims[1:])
         block_units = max(1, BLOCK_ELEMENTS // max(inner, 1))
         if leading:
             block_units = max(block_units, BLOCK_ROWS)
-        instances.append(Instance(dims, tuple(strides), 0, block_units, 0))
+        instances.append(Instance(dims, tuple(strides), 0, block_units, 0, depth))
     return _named(node, fastmath, text, strided, instances, n_maps, tuple(reduced), widths, lay)
 
 

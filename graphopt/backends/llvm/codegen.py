@@ -19,23 +19,49 @@ every run, however many threads ran it. A reduction over the leading axes ("sum@
 partial per element of its result in each block: its elements are added, in f64 (an integer
 in i64), straight into the block's slots, unit after unit (row after row, in order), and the
 finisher adds each slot's partials across the blocks in order.
+
+Row reductions (a body's `sum`/`max`/`mean` over the trailing axes r..: see ir/kernel.py)
+are *row passes*: the collapse keeps the axes that index rows apart from those along a row
+(a unit is one or more whole rows, so threads split between rows), and for each row the
+loop makes one pass over its elements per level of row reductions (LayerNorm: the mean,
+then the variance), each computing only what its reductions need, recomputed from the
+operands rather than kept (a row of a few KB is read again from cache, as XLA's softmax and
+normalization fusions do); sums accumulate in f64 (integers in i64), a max in its type, in a
+register re-initialised per row. Then the row-invariant values are computed and the "row@r"
+outputs stored, once per row, and the last pass computes every element with them as
+constants: only it stores, so a parameter updated in place is read by every pass before it
+is written.
 """
 from __future__ import annotations
 
 import math
+from types import MappingProxyType
+from typing import Mapping, Sequence
 
 import numpy as np
 from llvmlite import ir
 
 from ...errors import LoweringError
 from ...ir.graph import Node, Value
-from ...ir.kernel import ROW_KERNEL, layout, split_kind, stores
+from ...ir.kernel import (
+    ROW_KERNEL,
+    body_reductions,
+    instance_rows,
+    is_mapped,
+    layout,
+    row_invariant,
+    row_passes,
+    split_kind,
+    stores,
+    upstream,
+)
 from ...ir.types import TensorType
 from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, Emitter, compute_type, storage_type
 from .lowering import LOWERING
 
 PTR = ir.PointerType()
+_NONE: Mapping = MappingProxyType({})  # no values known yet
 F64 = ir.DoubleType()
 
 
@@ -105,6 +131,9 @@ class _Builder:
         self.accs = [b.alloca(self._acc_type(r), name=f"acc{r}")
                      for r in range(len(abi.reductions))]
         self.leading = [r for r, kind in enumerate(abi.reductions) if "@" in kind]
+        # A row reduction accumulates in a register too, re-initialised for every row.
+        self.row_accs = {m: b.alloca(self._row_acc_type(m), name="row")
+                         for m in body_reductions(self.node.body)}
         self.block_base: ir.Value | None = None
         # Multi-instance kernels are all flat loops: one code path over a table of instances.
         # A one-instance kernel may be a nest (broadcasting); its sizes are constants.
@@ -213,7 +242,7 @@ class _Builder:
         return compute_type(out.dtype)
 
     def _reduced_outputs(self) -> list[int]:
-        return [k for k, kind in enumerate(self.node.attrs["outputs"]) if kind != "map"]
+        return [k for k, kind in enumerate(self.node.attrs["outputs"]) if not is_mapped(kind)]
 
     def in_range(self, i, offset, units, work) -> None:
         """work(start, end) over the units of instance i that fall in [lo, hi), with its
@@ -302,19 +331,111 @@ class _Builder:
                 self.scalars[j] = self.e.load(self.ptrs[j], self.i64(0), x.dtype)
 
     def unit(self, u, shape: Instance) -> None:
-        """One step of the outer loop: the inner dimensions are loops of their own."""
+        """One step of the outer loop: the inner dimensions are loops of their own; in a
+        kernel with row reductions, those along a row are its passes' loops (see row)."""
         dims = shape.dims
-        if len(dims) <= 1:
+        if len(dims) <= 1 and not shape.rows:
             self.element([u] if dims else [])
             return
+        self.nest(dims, 1, [u], lambda idx: self.row(idx, shape) if shape.rows else
+                  self.element(idx), stop=shape.rows or len(dims))
 
-        def nest(k, idx):
-            if k == len(dims):
-                self.element(idx)
-                return
-            self.loop(self.i64(0), self.i64(dims[k]), lambda j: nest(k + 1, idx + [j]), f"d{k}")
+    def nest(self, dims: tuple[int, ...], k: int, idx: list, work, stop: int) -> None:
+        """Loops over dims[k:stop], work(idx) inside them."""
+        if k == stop:
+            work(idx)
+            return
+        self.loop(self.i64(0), self.i64(dims[k]),
+                  lambda j: self.nest(dims, k + 1, idx + [j], work, stop), f"d{k}")
 
-        nest(1, [u])
+    def row(self, idx: list, shape: Instance) -> None:
+        """One row (idx: its index dims): a pass over its elements per level of row
+        reductions, each computing only what its reductions need (recomputed from the
+        operands, not kept: a row is small and stays in cache), then the row-invariant
+        values and "row@r" outputs, once, then the last pass, the elements."""
+        body, b, e = self.node.body, self.b, self.e
+        dims, strides = shape.dims, shape.strides
+        space = tuple(self.node.attrs["spaces"][0])
+        r = body_reductions(body)[0].attrs["axes"][0]
+        count = int(np.prod(space[r:], dtype=np.int64))
+        known: dict[Value, ir.Value] = {}
+        for reds in row_passes(body):
+            for m in reds:
+                acc = self.row_accs[m]
+                b.store(self.reduction_init(m.op, acc.allocated_type), acc)
+            nodes = upstream(body, [m.inputs[0] for m in reds], set(known))
+
+            def accumulate(jdx, reds=reds, nodes=nodes):
+                env = self.values(nodes, lambda j: self.offset(strides[j], jdx), known,
+                                  [m.inputs[0] for m in reds])
+                for m in reds:
+                    acc, x = self.row_accs[m], env[m.inputs[0]]
+                    x = x if m.op == "max" else self.widen(x)
+                    now = b.load(acc, typ=acc.allocated_type)
+                    b.store(self.combine(m.op, now, x), acc)
+
+            self.nest(dims, shape.rows, list(idx), accumulate, len(dims))
+            for m in reds:
+                known[m.out] = self.row_result(m, count)
+        operands = [v.type.shape for v in next(instance_rows(self.node, self.lay))]
+        invariant = row_invariant(body, operands, space, r)
+        nodes = [n for n in body.nodes if n.op != "store" and n.out in invariant
+                 and n.out not in known]
+        known = self.values(nodes, lambda j: self.offset(strides[j], idx), known)
+        kinds = self.node.attrs["outputs"]
+        mapped = [k for k, kind in enumerate(kinds) if is_mapped(kind)]
+        for m, k in enumerate(mapped):
+            if kinds[k] != "map":
+                out, slot = body.outputs[k], len(body.inputs) + m
+                e.store(known[out], self.ptrs[slot], self.offset(strides[slot], idx), out.dtype)
+        self.nest(dims, shape.rows, list(idx), lambda jdx: self.element(jdx, known), len(dims))
+
+    def row_result(self, m: Node, count: int) -> ir.Value:
+        """A row reduction's accumulator as its body value (a mean divided by the count),
+        rounded once to its dtype."""
+        b, acc, d = self.b, self.row_accs[m], m.out.dtype
+        v = b.load(acc, typ=acc.allocated_type)
+        if m.op == "mean":
+            v = b.fdiv(v, ir.Constant(F64, float(count))) if d.is_float else \
+                b.sdiv(v, self.i64(count))
+        t = compute_type(d)
+        if v.type == t:
+            return v
+        if not d.is_float:
+            return b.trunc(v, t)
+        return self.e.round_to(b.fptrunc(v, t), d)
+
+    def _row_acc_type(self, m: Node) -> ir.Type:
+        """max in the element's type; sum and mean in f64 (an integer in i64)."""
+        d = m.out.dtype
+        return compute_type(d) if m.op == "max" else F64 if d.is_float else I64
+
+    def values(self, nodes: list[Node], offset, known: Mapping[Value, ir.Value],
+               reads: Sequence[Value] = ()) -> dict[Value, ir.Value]:
+        """`known` and the values of `nodes` (no stores) at one element: a body input loaded
+        at `offset(j)` of its pointer (a scalar's as loaded once) when a node reads it or it
+        is one of `reads`."""
+        body, e = self.node.body, self.e
+        env = dict(known)
+        index = {x: j for j, x in enumerate(body.inputs)}
+
+        def get(v: Value) -> ir.Value:
+            if v not in env:
+                j = index[v]
+                env[v] = self.scalars[j] if j in self.scalars else \
+                    e.load(self.ptrs[j], offset(j), v.dtype)
+            return env[v]
+
+        for n in nodes:
+            if n.op == "constant":
+                env[n.out] = e.const(n.attrs["value"], n.out.dtype)
+            else:
+                for v in n.inputs:
+                    get(v)
+                env[n.out] = self.lower(n, env)
+        for v in reads:
+            get(v)
+        return env
 
     def offset(self, strides: tuple[int, ...], idx: list[ir.Value]) -> ir.Value:
         off = self.i64(0)
@@ -323,12 +444,17 @@ class _Builder:
                 off = self.b.add(off, self.b.mul(i, self.i64(s)))
         return off
 
-    def element(self, idx: list[ir.Value]) -> None:
+    def element(self, idx: list[ir.Value], known: Mapping[Value, ir.Value] = _NONE) -> None:
+        """The body at one element; `known`: its row's values (row reductions and what only
+        they compute), computed already."""
         body, e = self.node.body, self.e
         strides = self.abi.instances[0].strides
-        env = self.body_values(lambda j: self.offset(strides[j], idx))
-        maps = [k for k, kind in enumerate(self.node.attrs["outputs"]) if kind == "map"]
+        env = self.body_values(lambda j: self.offset(strides[j], idx), known)
+        kinds = self.node.attrs["outputs"]
+        maps = [k for k, kind in enumerate(kinds) if is_mapped(kind)]
         for m, k in enumerate(maps):
+            if kinds[k] != "map":
+                continue  # a row's value: stored once per row
             out = body.outputs[k]
             slot = len(body.inputs) + m
             e.store(env[out], self.ptrs[slot], self.offset(strides[slot], idx), out.dtype)
@@ -348,21 +474,25 @@ class _Builder:
             acc = b.load(self.accs[r], typ=self.accs[r].allocated_type)
             b.store(self.combine(kind, acc, env[body.outputs[k]]), self.accs[r])
 
-    def body_values(self, offset) -> dict[Value, ir.Value]:
+    def body_values(self, offset, known: Mapping[Value, ir.Value] = _NONE
+                    ) -> dict[Value, ir.Value]:
         """The body at one element: body input j loaded at `offset(j)` of its pointer (a
-        scalar's value as loaded once), its nodes lowered, its stores written at the offsets
-        they load from. Each body value's LLVM value."""
+        scalar's value as loaded once), its nodes lowered (but those `known`), its stores
+        written at the offsets they load from. Each body value's LLVM value."""
         body, e = self.node.body, self.e
         env: dict[Value, ir.Value] = {}
         for j, x in enumerate(body.inputs):
             env[x] = self.scalars[j] if j in self.scalars else \
                 e.load(self.ptrs[j], offset(j), x.dtype)
+        env.update(known)
         writes = []
         for n in body.nodes:
-            if n.op == "constant":
-                env[n.out] = e.const(n.attrs["value"], n.out.dtype)
-            elif n.op == "store":
+            if n.op == "store":
                 writes.append((body.inputs.index(n.inputs[0]), env[n.inputs[1]]))
+            elif n.outputs[0] in known:
+                continue
+            elif n.op == "constant":
+                env[n.out] = e.const(n.attrs["value"], n.out.dtype)
             else:
                 env[n.out] = self.lower(n, env)
         for j, v in writes:

@@ -161,15 +161,15 @@ class NativeKernel:
                          for i, v in enumerate(node.inputs)]
         # Where each mapped output goes: (instance, body output) -> a new array per call.
         kinds = node.attrs.get("outputs", ())  # (a row kernel has none)
-        self._maps = [(i, k, tuple(space), r.dtype.np_dtype)
+        self._maps = [(i, k, kernel_ir.output_shape(kind, space), r.dtype.np_dtype)
                       for i, space in enumerate(node.attrs["spaces"])
                       for k, (kind, r) in enumerate(zip(kinds, node.body.outputs))
-                      if kind == "map"]
+                      if kernel_ir.is_mapped(kind)]
         # Reduced outputs: (instance, body output, shape, dtype), one slot each after the maps.
         self._reduced = [(i, k, kernel_ir.reduced_shape(kind, space), r.dtype.np_dtype)
                          for i, space in enumerate(node.attrs["spaces"])
                          for k, (kind, r) in enumerate(zip(kinds, node.body.outputs))
-                         if kind != "map"]
+                         if not kernel_ir.is_mapped(kind)]
         n = len(node.inputs) + len(self._maps) + len(self._reduced)
         self._args = (ctypes.c_void_p * max(1, n))()  # the pointer table, reused every call
         # An array's buffer never moves while the array lives (numpy refuses to resize an
