@@ -78,8 +78,8 @@ KNOWN_BUGS: dict[str, str] = {}
 
 
 def reduce_tol(dtype: str, n: int) -> float:
-    """How far a native float reduction (full, or over leading axes) of n elements may be
-    from the interpreter's, relative to the sum of |x|: 1e-5 in f32 (docs/llvm.md), 1e-12 in
+    """How far a native float reduction (full, over leading axes, or of rows) of n elements
+    may be from the interpreter's, relative to the sum of |x|: 1e-5 in f32 (docs/llvm.md), 1e-12 in
     f64 (as for libm: not stated); f16/bf16 are summed in f32 (or wider) by both and rounded
     once: one ulp more. (n: the bound does not grow with it while n is far below
     1e-5 / 2^-24.)"""
@@ -658,8 +658,10 @@ class Gen:
         shape = tuple(1 if i in axes else s for i, s in enumerate(x.shape)) if keep else \
             tuple(s for i, s in enumerate(x.shape) if i not in axes)
         full = len(axes) == nd and not keep
-        # A reduction over the leading axes is a kernel output too ("sum@k"), summed natively.
-        native = full or (not keep and axes == tuple(range(len(axes))))
+        # A reduction over the leading axes is a kernel output too ("sum@k"), and one over the
+        # last axes with keepdims a row reduction inside a kernel: summed natively.
+        trailing = bool(axes) and axes[0] >= 1 and axes == tuple(range(axes[0], nd))
+        native = full or (not keep and axes == tuple(range(len(axes)))) or (keep and trailing)
         n = int(np.prod([x.shape[i] for i in axes])) if axes else 1
         d = x.dtype
         method = self.chance(0.5)
@@ -913,8 +915,9 @@ class Gen:
         norm_err = LIBM["f32"] * 4 + reduce_tol("f32", 1024) * 2
         if transform == "value":
             self.body.append(f"{gl} = optim.clip_grad_value({gl}, {self.r.choice([0.1, 1.0])})")
-        elif transform == "center":
+        elif transform == "center":  # (a mean over each row: a row reduction, native)
             self.body.append(f"{gl} = optim.centralize_gradients({gl})")
+            approx = True
         elif transform == "norm":
             total = self.fresh("norm")
             self.body.append(f"{gl}, {total} = optim.clip_grad_norm({gl}, "

@@ -62,11 +62,40 @@ def test_a_hand_written_layernorm_is_one_kernel_and_explain_says_so():
         assert_close(o, r, np.float32)
 
 
+@pytest.mark.parametrize("dtype", [np.float32, np.float64])
+def test_a_layernorm_forward_and_backward_is_one_kernel(dtype):
+    """The backward's row sums come as sum-then-reshape (a gradient's unbroadcast: simplify
+    makes them keepdims sums) and broadcast_to (a mean's gradient: fuse reads what it
+    broadcasts), so all of it joins the forward's kernel: three row passes (the mean; the
+    variance and the backward's first row sum, which needs only the mean; the second), the
+    parameters' gradients as "sum@1" outputs."""
+    rng = np.random.default_rng(2)
+    x, dy = (rng.standard_normal((33, 70)).astype(dtype) for _ in range(2))
+    g0, b0 = (rng.standard_normal(70).astype(dtype) for _ in range(2))
+
+    def run(backend):
+        g, b = go.Parameter(g0, name="g"), go.Parameter(b0, name="b")
+        grad = go.value_and_grad(lambda x, dy: (layernorm(x, g, b, (1,))[0] * dy).sum(),
+                                 argnums=0, wrt=[g, b])
+        fn = go.jit(grad, backend=backend, cache=False)
+        if backend == "llvm":
+            (k,) = kernels(fn, x, dy)
+            assert [len(p) for p in row_passes(k.body)] == [1, 2, 1]
+            assert sorted(k.attrs["outputs"]) == ["map", "sum", "sum@1", "sum@1"]
+        return go.frontend.pytree.flatten(fn(x, dy))[0]
+
+    for a, c in zip(run("interpreter"), run("llvm")):
+        assert_close(c, a, dtype)
+
+
 def test_the_interpreter_runs_a_row_kernel_as_the_unfused_nodes_bit_for_bit():
     rng = np.random.default_rng(1)
     x = rng.standard_normal((5, 3, 7)).astype(np.float32)
     g, b = rng.standard_normal(7).astype(np.float32), rng.standard_normal(7).astype(np.float32)
-    step = lambda x, g, b: (*layernorm(x, g, b, (2,)), softmax(x, (1, 2)))  # noqa: E731
+
+    def step(x, g, b):
+        return (*layernorm(x, g, b, (2,)), softmax(x, (1, 2)), ops.log_softmax(x * 2))
+
     fused = go.jit(step, backend="interpreter", cache=False)
     unfused = go.jit(step, backend="interpreter", cache=False, passes="")
     assert any("row@" in str(k.attrs["outputs"]) for k in fused.lower(x, g, b).graph.nodes
@@ -93,8 +122,8 @@ def test_row_kernels_match_the_interpreter(shape, rows_from_1, dtype, seed):
     x = (rng.standard_normal(shape) * 3 + 1).astype(dtype)
     g = rng.standard_normal(shape[r:]).astype(dtype)
     b = rng.standard_normal(shape[r:]).astype(dtype)
-    results = []
-    for backend in ("interpreter", "llvm"):
+
+    def run(backend):
         w = go.Parameter(np.ones(shape, dtype), name="w")
 
         def step(x, g, b):
@@ -103,15 +132,48 @@ def test_row_kernels_match_the_interpreter(shape, rows_from_1, dtype, seed):
             return mu, rstd, y.sum(axis=tuple(range(r))), softmax(y, axes)
 
         fn = go.jit(step, backend=backend, cache=False)
-        results.append(([np.asarray(o) for o in fn(x, g, b)], w.numpy()))
         if backend == "llvm":
             (k,) = kernels(fn, x, g, b)
             rk = f"row@{r}" if np.prod(shape[r:]) > 1 else "map"  # (rows of one: the space)
             assert sorted(k.attrs["outputs"]) == sorted(["map", rk, rk, f"sum@{r}"])
             assert [len(p) for p in row_passes(k.body)] == [1, 1, 1, 1] and k.body.effects
-    (ref, ref_w), (got, got_w) = results
-    for a, c in zip(ref + [ref_w], got + [got_w]):
+        return [np.asarray(o) for o in fn(x, g, b)] + [w.numpy()]
+
+    for a, c in zip(run("interpreter"), run("llvm")):
         assert_close(c, a, dtype)
+
+
+@pytest.mark.usefixtures("cpu_level")
+def test_a_log_softmax_over_the_last_axis_is_a_kernel():
+    """Decomposed (max, exp, sum, log), it fuses with what makes its input and what reads it;
+    its gradient (a softmax cross-entropy written with it) trains alike on both backends."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((40, 10))
+    onehot = np.eye(10)[rng.integers(0, 10, 40)]
+
+    def run(backend):
+        w = go.Parameter(np.random.default_rng(7).standard_normal((10, 10)) * 0.3, name="w")
+        grad_fn = go.value_and_grad(
+            lambda x, y: -(ops.log_softmax(ops.tanh(x @ w)) * y).sum() / 40, wrt=[w])
+
+        def train(x, y):
+            loss, (g,) = grad_fn(x, y)
+            go.assign(w, w - 0.5 * g)
+            return loss
+
+        fn = go.jit(train, backend=backend, cache=False)
+        losses = [float(fn(x, onehot)) for _ in range(5)]
+        if backend == "llvm":
+            graph = fn.lower(x, onehot).graph
+            assert not any(n.op == "log_softmax" for n in graph.nodes)
+            assert any(n.op == "kernel" and any(m.op == "log" for m in n.body.nodes)
+                       for n in graph.nodes)
+        return losses, w.numpy()
+
+    (l1, w1), (l2, w2) = run("interpreter"), run("llvm")
+    assert l2[-1] < l2[0]
+    np.testing.assert_allclose(l2, l1, rtol=1e-12)
+    np.testing.assert_allclose(w2, w1, rtol=1e-11, atol=1e-13)
 
 
 @pytest.mark.usefixtures("cpu_level")
@@ -119,7 +181,10 @@ def test_two_threads_split_rows_and_give_the_same_bits(monkeypatch):
     rng = np.random.default_rng(3)
     x = rng.standard_normal((6001, 67)).astype(np.float32)
     g, b = rng.standard_normal(67).astype(np.float32), rng.standard_normal(67).astype(np.float32)
-    step = lambda x, g, b: (*layernorm(x, g, b, (1,)), softmax(x, (1,)))  # noqa: E731
+
+    def step(x, g, b):
+        return (*layernorm(x, g, b, (1,)), softmax(x, (1,)))
+
     ref = go.jit(step, backend="interpreter", cache=False)(x, g, b)
     bits = []
     for n in ("1", "2"):
@@ -136,8 +201,8 @@ def test_two_threads_split_rows_and_give_the_same_bits(monkeypatch):
 def test_a_layernorm_training_step_trains_alike_on_both_backends():
     rng = np.random.default_rng(4)
     x, target = rng.standard_normal((32, 24)), rng.standard_normal((32, 24))
-    losses = {}
-    for backend in ("eager", "interpreter", "llvm"):
+
+    def run(backend):
         w = go.Parameter(np.random.default_rng(5).standard_normal((24, 24)) * 0.2, name="w")
         g = go.Parameter(np.ones(24), name="g")
         b = go.Parameter(np.zeros(24), name="b")
@@ -157,11 +222,12 @@ def test_a_layernorm_training_step_trains_alike_on_both_backends():
 
         step = train_step if backend == "eager" else go.jit(train_step, backend=backend,
                                                              cache=False)
-        losses[backend] = [float(step(x, target)) for _ in range(10)]
         if backend == "llvm":
             assert any(k.node.body is not None and any(n.op == "mean" for n in k.node.body.nodes)
                        for k in step.lower(x, target).kernels)
-        losses[backend].append(w.numpy().copy())
+        return [float(step(x, target)) for _ in range(10)] + [w.numpy().copy()]
+
+    losses = {backend: run(backend) for backend in ("eager", "interpreter", "llvm")}
     assert losses["llvm"][9] < losses["llvm"][0]
     for other in ("eager", "interpreter"):
         np.testing.assert_allclose(losses["llvm"][:10], losses[other][:10], rtol=1e-10)

@@ -22,6 +22,10 @@ element (see ir/kernel.py), so its intermediate values never touch memory:
     plus epsilon, its rsqrt) joins as a row value, computed once per row; a row value read
     outside leaves the kernel as a "row@r" output, of the unfused node's shape. All the row
     reductions of a kernel start at the same axis r;
+  - a broadcast_to that only fusable nodes of its shape read (not the return) joins their
+    kernel as the value it broadcasts (a kernel's operands broadcast into its space
+    anyway): the gradient of a mean over a row is such a broadcast, and its readers then
+    fuse with the row values it comes from;
   - scalar constants are copied into every body that uses them (the only work fusion ever
     duplicates: they cost nothing to recompute and nothing to read);
   - a scalar computed only from scalar inputs (a learning rate cast to f32, a hyper-parameter
@@ -39,6 +43,8 @@ A merge is refused, and the reason recorded for `explain`, when
     would make a cycle. After edges count as paths, so a write-after-read order is kept;
   - the consumer needs a full or leading-axes reduction the producer group computes;
   - both groups have row reductions, from different axes.
+A log_softmax over the last axis (f32, f64) is first written as the max, exp, sum and log it
+is made of (passes/decompose.py), which then fuse as row reductions.
 Nodes that carry after edges (a `depend`), and every non-elementwise node, stay outside;
 for a reduction that is neither a kernel output nor a row reduction (over the last axes with
 keepdims=false, over middle axes, keepdims over the leading ones), for an nn op (log_softmax,
@@ -56,6 +62,7 @@ from ..ir.kernel import infer_types
 from ..ir.printer import value_names
 from ..ir.registry import COLLECTIVE, CONSTANT, ELEMENTWISE, NN, REDUCTION
 from ..ir.types import TensorType
+from .decompose import decomposable, decompose
 from .grouping import Group, Grouping, install
 from .manager import PassContext, register
 
@@ -92,13 +99,15 @@ def space_of(n: Node) -> tuple[int, ...] | None:
         return n.inputs[0].shape if fusable else None
     if n.opdef.category == ELEMENTWISE and len(n.outputs) == 1:
         return n.outputs[0].shape
+    if n.op == "broadcast_to" and all(isinstance(u, Node) and space_of(u) == n.out.shape
+                                      for u in n.out.users):
+        return n.out.shape  # what a kernel's operands do anyway: see _Body.add
     return None
 
 
-# Why each nn op stays a node: none is elementwise, and fuse does not decompose them.
+# Why each nn op stays a node: none is elementwise, and fuse does not decompose them (but
+# log_softmax, mostly: see outside).
 _NN_REASONS = {
-    "log_softmax": "log_softmax is one nn op, not decomposed into the max, exp, sum and log "
-                   "that would fuse as row reductions: it runs as a numpy node",
     "softmax_cross_entropy": "softmax_cross_entropy reduces each row (log-sum-exp over the "
                              "classes), picks each row's label and averages over the batch: "
                              "not elementwise; it runs as a numpy node",
@@ -151,7 +160,8 @@ class _Fuser(Grouping):
         inline: set[int] = set()
         for n in self.graph.nodes:
             op = n.opdef
-            if op.category in (CONSTANT, REDUCTION) or op.has_effect or space_of(n) != ():
+            if op.category in (CONSTANT, REDUCTION) or op.has_effect or space_of(n) != () or \
+                    n.op == "broadcast_to":  # (not a body op: see _Body.add)
                 continue
             if all((v.is_input and v.shape == () and v not in written) or
                    id(self.producer.get(v)) in inline or
@@ -212,6 +222,11 @@ class _Fuser(Grouping):
             return (f"it reduces axes {axes} of {shape}: a kernel output reduces every axis, "
                     f"or the leading ones (\"sum@k\"), and a row reduction the last ones "
                     f"(keepdims=true); it runs as a numpy node")
+        if n.op == "log_softmax":  # (one fuse could not decompose: see passes/decompose.py)
+            x = n.inputs[0]
+            return (f"log_softmax over axis {n.attrs['axis']} of {x.type} is decomposed into "
+                    f"row reductions (max, exp, sum, log) only over the last axis, in f32 or "
+                    f"f64: it runs as a numpy node")
         if op.category == NN:
             return _NN_REASONS.get(n.op, f"{n.op} is an nn op, not elementwise: it runs as a "
                                          f"numpy node")
@@ -361,7 +376,8 @@ class _Fuser(Grouping):
         """Whether anything outside reads the group or it stores: a group nothing reads
         (dead code dce has not removed yet) is left as it is."""
         inside = {id(n) for n in g.members}
-        return any(n.opdef.has_effect or read_outside(n.out, inside) for n in g.members)
+        return any(n.op != "broadcast_to" for n in g.members) and \
+            any(n.opdef.has_effect or read_outside(n.out, inside) for n in g.members)
 
     def rewrite(self) -> int:
         groups: list[Group] = []
@@ -425,6 +441,8 @@ class _Body:
             if n.opdef.has_effect:
                 target, value = self.element(n.inputs[0]), self.element(n.inputs[1])
                 stores.append(body.add_node("store", [target, value], loc=n.loc).out)
+            elif n.op == "broadcast_to":  # an operand broadcasts into the space as it is
+                self.env[n.out] = self.element(n.inputs[0])
             elif trailing_axes(n) is not None:
                 t = TensorType((), n.out.dtype)
                 self.env[n.out] = body.add_node(n.op, [self.element(n.inputs[0])], n.attrs,
@@ -449,7 +467,14 @@ class _Body:
 
 @register("fuse")
 def fuse(graph: Graph, ctx: PassContext) -> dict:
+    names = value_names(graph) if any(map(decomposable, graph.nodes)) else None
+    decomposed = decompose(graph)
     f = _Fuser(graph, ctx)
+    if names is not None:  # refusals name values as the graph before fuse does
+        for old, parts in decomposed.items():
+            names.update((v, f"{names[old]}.{role}") for role, v in parts.items())
+            names[parts["out"]] = names[old]
+        f.names = names
     f.group_nodes()
     f.merge_siblings()
     f.merge_scalar_siblings()
@@ -458,4 +483,6 @@ def fuse(graph: Graph, ctx: PassContext) -> dict:
     rows = sum(trailing_axes(n) is not None for g in groups for n in g.members)
     kernels = f.rewrite()
     stats = {"kernels": kernels, "nodes_fused": absorbed}
+    if decomposed:
+        stats["log_softmax_decomposed"] = len(decomposed)
     return {**stats, "row_reductions": rows} if rows else stats

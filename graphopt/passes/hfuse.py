@@ -15,7 +15,8 @@ parameters. Kernels are combined when
     one instance to the next);
   - no kernel depends on another of the group (that would need two passes, not one);
   - none has row reductions (a LayerNorm's, a softmax's): their row passes are compiled for
-    one iteration space, so such a kernel stays as it is, with a refusal saying so.
+    one iteration space, so such a kernel stays as it is, with a refusal saying so when
+    another has the same body.
 
     %5, %6 = kernel @w0, %g0, %lr {spaces=[[4,3]], ...}      %9 = kernel @w0, %g0, @w1, %g1,
     %7, %8 = kernel @w1, %g1, %lr {spaces=[[10]], ...}   ->       %lr {spaces=[[4,3], [10]],
@@ -97,13 +98,16 @@ def _bundles(graph: Graph, grouping: Grouping, ctx: PassContext,
     """The kernels by signature, each signature's kernels bundled greedily in graph order: a
     kernel joins the first bundle of its signature it does not depend on (nor it on it)."""
     buckets: dict[tuple, list[Group]] = {}
+    rows: dict[tuple, Node] = {}  # the first kernel with row reductions of each body
     for n in graph.nodes:
         if n.body is None:
             continue
         if n.op == "kernel" and body_reductions(n.body):
-            ctx.refuse(f"{names()[n.outputs[0]]} = kernel", "not mapped with other kernels: "
-                       "it reduces rows, and its row passes are compiled for one iteration "
-                       "space", n.loc)
+            first = rows.setdefault(body_key(n.body), n)
+            if first is not n:  # (a kernel with the same body: it would have been mapped)
+                ctx.refuse(f"{names()[n.outputs[0]]} = kernel", f"not mapped with the kernel "
+                           f"of {names()[first.outputs[0]]}: they reduce rows, and row passes "
+                           f"are compiled for one iteration space", n.loc)
             continue
         sig = signature(n)
         if sig is None or sig[-1]:  # scalar kernels: nothing to gain from mapping them

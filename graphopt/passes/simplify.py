@@ -14,6 +14,10 @@ algebraically true run under `fastmath=True` alone.
     1 / sqrt(x)       -> rsqrt(x)       (rsqrt is defined as 1/sqrt: same bits)
     cast(cast(x, A), B) -> cast(x, B)   when the first cast is exact (A widens x's dtype)
     cast(x, dtype of x) -> x
+    reshape(sum(x, axes), keepdims shape) -> sum(x, axes, keepdims=true)   (also max, mean;
+                                        when the reshape is the reduction's only reader: what
+                                        a gradient unbroadcast makes, and fuse takes as a row
+                                        reduction)
 Integer x * 0 -> 0 and x + 0 -> x are always exact. No rewrite replaces a value by a
 parameter's `@name` (`b := a * 1` may be the copy a swap of two parameters needs), and none
 makes a new reader of a parameter (it would not be ordered before the parameter's write).
@@ -28,6 +32,7 @@ import numpy as np
 
 from ..ir.graph import Graph, Node, Value
 from ..ir.opdefs import constant_value
+from ..ir.registry import REDUCTION
 from ..ir.types import DType, TensorType
 from .fold import fill_value
 from .manager import PassContext, register
@@ -171,9 +176,21 @@ def _cast(m: _Site) -> tuple[str, Value] | None:
     return None
 
 
+def _reshape(m: _Site) -> tuple[str, Value] | None:
+    p = m.producer(m.ins[0])
+    if p is None or p.opdef.category != REDUCTION or p.attrs["keepdims"] or \
+            list(p.out.users or {}) != [m.n] or p.after:
+        return None
+    axes = set(p.attrs["axes"])
+    kept = tuple(1 if a in axes else s for a, s in enumerate(p.inputs[0].shape))
+    if kept != m.out.shape:
+        return None
+    return "reshape-keepdims", m.emit(p.op, list(p.inputs), {**p.attrs, "keepdims": True})
+
+
 RULES: dict[str, Callable[[_Site], tuple[str, Value] | None]] = {
     "multiply": _multiply, "add": _add, "subtract": _subtract, "divide": _divide,
-    "negative": _negative, "power": _power, "cast": _cast}
+    "negative": _negative, "power": _power, "cast": _cast, "reshape": _reshape}
 
 
 @register("simplify")

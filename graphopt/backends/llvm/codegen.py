@@ -49,6 +49,7 @@ from ...ir.kernel import (
     instance_rows,
     is_mapped,
     layout,
+    row_axis,
     row_invariant,
     row_passes,
     split_kind,
@@ -356,9 +357,10 @@ class _Builder:
         body, b, e = self.node.body, self.b, self.e
         dims, strides = shape.dims, shape.strides
         space = tuple(self.node.attrs["spaces"][0])
-        r = body_reductions(body)[0].attrs["axes"][0]
+        r = row_axis(body)
         count = int(np.prod(space[r:], dtype=np.int64))
         known: dict[Value, ir.Value] = {}
+        inputs = set(body.inputs)
         for reds in row_passes(body):
             for m in reds:
                 acc = self.row_accs[m]
@@ -367,7 +369,7 @@ class _Builder:
 
             def accumulate(jdx, reds=reds, nodes=nodes):
                 env = self.values(nodes, lambda j: self.offset(strides[j], jdx), known,
-                                  [m.inputs[0] for m in reds])
+                                  [m.inputs[0] for m in reds if m.inputs[0] in inputs])
                 for m in reds:
                     acc, x = self.row_accs[m], env[m.inputs[0]]
                     x = x if m.op == "max" else self.widen(x)
@@ -411,10 +413,10 @@ class _Builder:
         return compute_type(d) if m.op == "max" else F64 if d.is_float else I64
 
     def values(self, nodes: list[Node], offset, known: Mapping[Value, ir.Value],
-               reads: Sequence[Value] = ()) -> dict[Value, ir.Value]:
+               reads: Sequence[Value] = ()) -> dict[Value, ir.Value]:  # reads: body inputs
         """`known` and the values of `nodes` (no stores) at one element: a body input loaded
-        at `offset(j)` of its pointer (a scalar's as loaded once) when a node reads it or it
-        is one of `reads`."""
+        at `offset(j)` of its pointer (a scalar's as loaded once): those in `reads` first, in
+        order, the others when a node reads them."""
         body, e = self.node.body, self.e
         env = dict(known)
         index = {x: j for j, x in enumerate(body.inputs)}
@@ -426,6 +428,8 @@ class _Builder:
                     e.load(self.ptrs[j], offset(j), v.dtype)
             return env[v]
 
+        for v in reads:
+            get(v)
         for n in nodes:
             if n.op == "constant":
                 env[n.out] = e.const(n.attrs["value"], n.out.dtype)
@@ -433,8 +437,6 @@ class _Builder:
                 for v in n.inputs:
                     get(v)
                 env[n.out] = self.lower(n, env)
-        for v in reads:
-            get(v)
         return env
 
     def offset(self, strides: tuple[int, ...], idx: list[ir.Value]) -> ir.Value:
@@ -479,24 +481,11 @@ class _Builder:
         """The body at one element: body input j loaded at `offset(j)` of its pointer (a
         scalar's value as loaded once), its nodes lowered (but those `known`), its stores
         written at the offsets they load from. Each body value's LLVM value."""
-        body, e = self.node.body, self.e
-        env: dict[Value, ir.Value] = {}
-        for j, x in enumerate(body.inputs):
-            env[x] = self.scalars[j] if j in self.scalars else \
-                e.load(self.ptrs[j], offset(j), x.dtype)
-        env.update(known)
-        writes = []
-        for n in body.nodes:
-            if n.op == "store":
-                writes.append((body.inputs.index(n.inputs[0]), env[n.inputs[1]]))
-            elif n.outputs[0] in known:
-                continue
-            elif n.op == "constant":
-                env[n.out] = e.const(n.attrs["value"], n.out.dtype)
-            else:
-                env[n.out] = self.lower(n, env)
-        for j, v in writes:
-            e.store(v, self.ptrs[j], offset(j), body.inputs[j].dtype)
+        body = self.node.body
+        nodes = [n for n in body.nodes if n.op != "store" and n.outputs[0] not in known]
+        env = self.values(nodes, offset, known, body.inputs)
+        for j, n in stores(body):
+            self.e.store(env[n.inputs[1]], self.ptrs[j], offset(j), body.inputs[j].dtype)
         return env
 
     def lower(self, n: Node, env: dict[Value, ir.Value]) -> ir.Value:
