@@ -13,6 +13,7 @@ from __future__ import annotations
 import io
 import sys
 import threading
+import time
 from typing import Any, Callable
 
 
@@ -33,6 +34,9 @@ def _with_prefix(prefix: str, hook: Callable[..., Any], default: Callable[..., A
         saved.flush()
 
 
+_FORWARD_SECONDS = 0.25
+
+
 def install(rank: int, size: int, abort: Callable[[int], None]) -> None:
     """From now on an uncaught exception in the main thread prints its traceback (through the
     previous sys.excepthook, each line prefixed `[rank R] `), flushes stdout and stderr, and
@@ -49,6 +53,10 @@ def install(rank: int, size: int, abort: Callable[[int], None]) -> None:
                              f"{rank}: aborting all {size} ranks\n")
             for stream in (sys.stdout, sys.stderr):
                 stream.flush()  # (MPI_Abort ends the process without Python's flushes)
+            # The launcher forwards a rank's output from a pipe; the abort tears the job
+            # down at once, and a traceback still in the pipe was seen lost (1 run in ~10 on
+            # 2 loaded cores). A moment first lets it through.
+            time.sleep(_FORWARD_SECONDS)
         except Exception:
             pass
         finally:
