@@ -11,6 +11,7 @@ After each pass the graph is verified; a pass that breaks a rule is named in the
 """
 from __future__ import annotations
 
+import contextlib
 import difflib
 import operator
 import re
@@ -261,7 +262,8 @@ def _run_pass(g: Graph, name: str, ctx: PassContext, memo: dict[int, tuple[int, 
     nodes_before, kernels_before = _sizes(g)
     ctx.current = name
     start = time.perf_counter()
-    with recording_replacements() as replaced:
+    # (recorded only for a diff: a compile does not pay for the log)
+    with recording_replacements() if diffs else contextlib.nullcontext({}) as replaced:
         counters = PASSES[name].run(g, ctx) or {}
     seconds = time.perf_counter() - start
     if verify:
