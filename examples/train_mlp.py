@@ -56,8 +56,8 @@ def logits(p: dict[str, go.Parameter], x):
     return h @ p["fc2.w"] + p["fc2.b"]
 
 
-def train(state_dtype=None):
-    """Train from the same start; returns the step, its compiled form and the losses."""
+def make_step(state_dtype=None):
+    """The training step from the same start: (train_step, params, x, labels)."""
     rng = np.random.default_rng(0)
     x, labels = spirals(rng)
     params = init(rng)
@@ -70,7 +70,12 @@ def train(state_dtype=None):
         loss, grads = grad_fn(x, labels)  # the backward, in the same graph
         opt.step(grads)  # AdamW: assigns to every parameter and moment
         return loss
+    return train_step, params, x, labels
 
+
+def train(state_dtype=None):
+    """Train from the same start; returns the step, its compiled form and the losses."""
+    train_step, params, x, labels = make_step(state_dtype)
     step = go.jit(train_step)
     compiled = step.lower(x, labels)
     losses = [float(step(x, labels)) for _ in range(STEPS)]

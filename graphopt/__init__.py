@@ -10,6 +10,7 @@ from .ir import Graph, parse
 from .ir.export import dump
 from . import passes
 from .explain import explain
+from . import explorer  # (gives compiled steps their `explore` method)
 from .ir.types import bf16, bool_, f16, f32, f64, i32, i64
 
 __version__ = "0.1.0"
@@ -18,7 +19,7 @@ __all__ = ["Parameter", "Tensor", "TracedTensor", "EagerTensor", "Rows", "trace"
            "depend", "ops", "ir", "Graph", "parse", "dump", "GraphoptError", "f16", "bf16",
            "f32", "f64", "i32", "i64", "bool_"]
 __all__ += ["value_and_grad", "grad", "stop_gradient"]
-__all__ += ["passes", "explain"]
+__all__ += ["passes", "explain", "explorer"]
 from . import amp, optim  # noqa: E402  (the optimizer library, on top of ops)
 from .checkpoint import load, save  # noqa: E402
 from . import distributed  # noqa: E402  (data parallelism; mpi4py is imported by its init)

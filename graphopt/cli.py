@@ -6,9 +6,11 @@
     graphopt opt FILE.gir --load mypass.py --passes mypass
                                                ... with a pass defined in a file of yours
     graphopt compile FILE.py:FUNC --emit ir    trace a step function from a file and dump it
+    graphopt explore FILE.py:FUNC -o step.html one HTML page of its passes, kernels, memory
+    graphopt explore FILE.gir --passes fuse -o step.html
     graphopt cache info|list|clear|path        the on-disk compilation cache (docs/cache.md)
 
-For `compile`, FILE.py gives example arguments for FUNC with a function `make_inputs()` (or
+For `compile` and `explore`, FILE.py gives example arguments for FUNC with a function `make_inputs()` (or
 `FUNC_inputs()`) that returns a tuple of positional arguments, or a dict of keyword arguments.
 """
 from __future__ import annotations
@@ -376,6 +378,29 @@ def _compile(args: argparse.Namespace) -> int:
     return 0
 
 
+def _explore(args: argparse.Namespace) -> int:
+    """One HTML page of the step: its passes, graphs, kernels and memory (docs/explorer.md)."""
+    from .explain import trace_for_passes
+    from .explorer import explore_graph
+    if Path(args.output).suffix.lower() not in (".html", ".htm"):
+        raise CLIError(f"-o {args.output!r}: the explorer writes an HTML page; name it "
+                       f"FILE.html")
+    passes, options = args.passes, None
+    if args.target == "-" or args.target.endswith(".gir"):
+        graph, title = _read_ir(args.target), args.target
+    else:
+        fn, fargs, fkwargs = load_function(args.target)
+        user_files = {os.path.abspath(args.target.rpartition(":")[0])}
+        with _running_user_code(f"tracing {args.target}", user_files):
+            graph, passes, options = trace_for_passes(fn, fargs, fkwargs, passes)
+        title = args.target
+    with _writing(args.output):
+        explore_graph(graph, args.output, passes, fastmath=args.fastmath, options=options,
+                      title=title)
+    print(f"wrote {args.output}")
+    return 0
+
+
 # ----------------------------------------------------------------------------- graphopt cache
 
 def _size(n: float) -> str:
@@ -472,6 +497,20 @@ def _parser() -> argparse.ArgumentParser:
     pipeline_options(p)
     p.set_defaults(run=_compile)
 
+    p = sub.add_parser("explore", help="one HTML page of a step's passes, kernels and memory")
+    p.add_argument("target", metavar="FILE.py:FUNC | FILE.gir",
+                   help="a step function from a file (as for compile), or IR text (- for "
+                        "standard input)")
+    p.add_argument("--passes", default=None,
+                   help="comma-separated pass names (default: the default pipeline)")
+    p.add_argument("-o", "--output", required=True, metavar="FILE.html",
+                   help="the page to write")
+    p.add_argument("--fastmath", action="store_true")
+    p.add_argument("--load", action="append", metavar="FILE.py",
+                   help="run this Python file first, so the passes it registers can be named "
+                        "in --passes (repeatable)")
+    p.set_defaults(run=_explore)
+
     p = sub.add_parser("cache", help="the on-disk compilation cache: info, list, clear, path")
     p.add_argument("action", choices=CACHE_ACTIONS)
     p.set_defaults(run=_cache)
@@ -517,7 +556,7 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning  # one line each, not the warning's source
             envvars.check()  # every switch, before anything is done
-            with _plugins(getattr(args, "load", None)):  # (opt and compile)
+            with _plugins(getattr(args, "load", None)):  # (opt, compile and explore)
                 status = args.run(args)
             sys.stdout.flush()  # a closed pipe is found here, not as Python exits
             return status

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import os
 import sys
+from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Callable, Iterable, TextIO
 
 from .frontend.tracer import trace_function
@@ -24,9 +26,28 @@ from .passes.cost import bytes_sent
 from .passes.manager import PipelineResult, parse_pipeline
 
 
+@dataclass
+class Explanation(PipelineResult):
+    """What `explain` returns: the PipelineResult of the passes (printed as the statistics
+    table), which `to_html()` also shows as the explorer's page."""
+
+    source: Graph = field(default=None, repr=False)  # the graph the passes ran on
+    passes: Any = None
+    fastmath: bool = False
+    options: dict[str, Any] | None = None
+
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The explorer's page of this pipeline (docs/explorer.md): the passes run again on
+        the same graph, to keep a snapshot after each, and the result is compiled with the
+        LLVM backend. Returns the HTML, and writes it to `path` when one is given."""
+        from .explorer import explore_graph
+        return explore_graph(self.source, path, self.passes, fastmath=self.fastmath,
+                             options=self.options)
+
+
 def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
                   fastmath: bool = False, options: dict[str, Any] | None = None,
-                  out: TextIO | None = None) -> PipelineResult:
+                  out: TextIO | None = None) -> Explanation:
     """Run the pipeline on a graph and print what each pass did, what fuse and hfuse refused
     and why, then the statistics table and the LLVM backend's target. Nothing is compiled.
 
@@ -38,10 +59,13 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
         out: where to print (default sys.stdout).
 
     Returns:
-        The PipelineResult, with a diff of the text IR in each pass's stats.
+        The Explanation (a PipelineResult, with a diff of the text IR in each pass's stats;
+        `to_html()` makes the explorer's page of it).
     """
     out = out or sys.stdout
-    result = run(graph, passes, fastmath=fastmath, options=options, diffs=True)
+    result = Explanation(**vars(run(graph, passes, fastmath=fastmath, options=options,
+                                    diffs=True)),
+                         source=graph, passes=passes, fastmath=fastmath, options=options)
     for s in result.stats:
         notes = ", ".join(f"{k}={v}" for k, v in s.counters.items() if v)
         print(f"=== {s.name}: {s.nodes_before} -> {s.nodes_after} nodes, "
@@ -113,7 +137,7 @@ def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
 
 
 def explain(fn: Callable, *args: Any, passes: str | Iterable[str] | None = None,
-            fastmath: bool = False, out: TextIO | None = None, **kwargs: Any) -> PipelineResult:
+            fastmath: bool = False, out: TextIO | None = None, **kwargs: Any) -> Explanation:
     """Trace `fn` on these arguments and print what the pass pipeline does to its graph
     (see `explain_graph`); a jitted function is traced as jit traces it: its Python
     function, for its data-parallel strategy if it has one. Nothing is compiled, and no
@@ -128,13 +152,21 @@ def explain(fn: Callable, *args: Any, passes: str | Iterable[str] | None = None,
         **kwargs: example keyword arguments.
 
     Returns:
-        The PipelineResult of the passes.
+        The Explanation: the PipelineResult of the passes, with `to_html()`.
     """
-    # A jitted step is traced as jit traces it: for its data-parallel strategy, if any, whose
-    # passes come first (with their settings).
+    graph, passes, options = trace_for_passes(fn, args, kwargs, passes)
+    return explain_graph(graph, passes, fastmath=fastmath, options=options, out=out)
+
+
+def trace_for_passes(fn: Callable, args: tuple, kwargs: dict,
+                     passes: str | Iterable[str] | None = None
+                     ) -> tuple[Graph, Any, dict[str, Any] | None]:
+    """Trace `fn` as jit traces it, for a pipeline: (the verified graph, the pipeline, the
+    passes' options). A jitted step is traced as its Python function, for its data-parallel
+    strategy if it has one, whose passes come first (with their settings)."""
     parallel = getattr(fn, "parallel", None)
     graph = trace_function(getattr(fn, "fn", fn), args, kwargs, parallel=parallel).graph.verify()
     options = None
     if parallel is not None:
         passes, options = parallel.pipeline(parse_pipeline(passes)), parallel.pass_options()
-    return explain_graph(graph, passes, fastmath=fastmath, options=options, out=out)
+    return graph, passes, options

@@ -17,7 +17,7 @@ LAYERS = [
     {"frontend", "ops"},
     {"compile"},
     {"autodiff"},
-    {"optim", "distributed", "amp", "checkpoint", "explain", "cli", "demo", "__init__",
+    {"optim", "distributed", "amp", "checkpoint", "explain", "explorer", "cli", "demo", "__init__",
      "__main__"},
 ]
 LEVEL = {name: i for i, layer in enumerate(LAYERS) for name in layer}

@@ -56,6 +56,8 @@ class Executable:
         # and the graph after every pass too, when debugging the tracer or a pass).
         self.pass_result = pass_manager.run(traced.graph, passes, fastmath=fastmath,
                                             options=options, verify="last")
+        # How the passes ran (the explorer runs them again to show each one's work).
+        self.passes, self.pass_options, self.fastmath = passes, options, fastmath
         self.graph: Graph = self.pass_result.graph  # what runs
         self.backend_name = backend
         self.program = get_backend(backend).compile(self.graph, fastmath=fastmath, cache=cache)

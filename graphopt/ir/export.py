@@ -241,12 +241,18 @@ def dump(graph: Graph, path: str | Path) -> Path:
     elif ext in ("dot", "gv"):
         path.write_text(to_dot(graph).source, encoding="utf-8")
     elif ext in RENDER_FORMATS:
-        path.write_bytes(_render(to_dot(graph), ext))
+        path.write_bytes(render(graph, ext))
     else:
         supported = ", ".join("." + e for e in TEXT_FORMATS + RENDER_FORMATS)
         raise GraphoptError(f"cannot dump a graph to '{path.name}': unknown extension "
                             f"'{path.suffix}'; supported: {supported}")
     return path
+
+
+def render(graph: Graph, fmt: str) -> bytes:
+    """The drawing of the graph in one of RENDER_FORMATS, made by the Graphviz `dot` program
+    (a RenderError says how to install it when it is missing)."""
+    return _render(to_dot(graph), fmt)
 
 
 def _render(dot: graphviz.Digraph, fmt: str) -> bytes:

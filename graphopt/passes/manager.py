@@ -196,6 +196,7 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         print_after_all: bool = False, print_after_change: bool = False,
         verify: bool | str = True,
         fastmath: bool = False, options: dict[str, Any] | None = None, diffs: bool = False,
+        after_pass: Callable[[Graph, PassStats], None] | None = None,
         out: TextIO | None = None) -> PipelineResult:
     """Run passes on a copy of `graph` (the graph itself is left as it was).
 
@@ -214,6 +215,8 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         fastmath: allow rewrites that are only algebraically exact.
         options: settings of particular passes, by name (PassContext.options).
         diffs: keep a unified diff of the text IR in each pass's stats (explain uses it).
+        after_pass: called with the graph and the pass's stats after each pass, before the
+            next one rewrites it (the explorer takes its snapshots so).
         out: where to print (default sys.stdout).
 
     Returns:
@@ -238,6 +241,8 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
             print(f"# *** IR before {name} ***\n{g.format(locs=True)}", file=out)
         stats.append(_run_pass(g, name, ctx, memo, verify=each, diffs=diffs,
                                pipeline=names, before=stats[-1].fingerprint if stats else None))
+        if after_pass is not None:
+            after_pass(g, stats[-1])
         if print_after_all or _matches(print_after, name) or \
                 (print_after_change and stats[-1].changed):
             print(f"# *** IR after {name}{'' if stats[-1].changed else ' (no change)'} ***\n"

@@ -1,0 +1,282 @@
+"""What the explorer's page shows of a step, gathered as plain data (lists, dicts, strings and
+numbers: it is embedded in the page as JSON).
+
+    data = gather(graph, "default")         # the passes run here; the kernels are compiled
+
+holds the pass timeline (each pass's statistics, its diff that pairs values by identity, its
+refusals), a snapshot of the graph as traced and after every pass that changed it (IR text,
+nodes with their edges and source lines, a drawing), every kernel of the result (body,
+iteration spaces, cost, what fused into it, the refusals about its lines, the native code and
+its cache key) and the memory report's live bytes along the schedule.
+
+Nodes are named as graphviz names them (`in3`: the graph's fourth input, `n5`: its sixth
+node, `return`), so a click on the drawing finds the node's data.
+"""
+from __future__ import annotations
+
+import linecache
+import os
+import shutil
+from collections.abc import Iterable
+from typing import Any
+
+from ..errors import GraphoptError
+from ..ir.graph import Graph, Node, Value
+from ..ir.kernel import cost, written
+from ..ir.liveness import memory_report
+from ..ir.printer import Namer, format_attrs, format_graph, format_node
+from ..passes import run
+from ..passes.manager import PassStats, PipelineResult, Refusal
+
+# Above this many nodes (kernel bodies included) a graph is not drawn: `dot` would take
+# minutes, and a drawing that size cannot be read (the page says so and shows the rest).
+MAX_DRAWN = 600
+
+
+def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath: bool = False,
+           options: dict[str, Any] | None = None, program: Any = None,
+           title: str | None = None, draw: bool = True) -> dict[str, Any]:
+    """Run the pipeline on the graph (a copy) and gather what the page shows.
+
+    Args:
+        graph: the graph as traced or read (not changed).
+        passes: the pipeline, as `passes.run` takes it; None is the default pipeline.
+        fastmath: allow rewrites that are only algebraically exact.
+        options: settings of particular passes (PassContext.options).
+        program: the backend's program for the pipeline's result, when it was compiled already
+            (an Executable's): its kernels are shown as compiled then. None compiles the
+            result with the LLVM backend now.
+        title: the page's title (default: the graph's name).
+        draw: draw the graphs with graphviz's `dot` (when it is installed).
+    """
+    drawing = _Drawing(draw)
+    locs = _Locations()
+    snapshots = [_snapshot("as traced", graph, locs, drawing)]
+    timeline: list[dict[str, Any]] = []
+    made_by: dict[int, str] = {}  # a kernel node's serial -> the pass that made it
+
+    def after_pass(g: Graph, s: PassStats) -> None:
+        for n in g.nodes:
+            if n.body is not None:
+                made_by.setdefault(n.serial, s.name if timeline else "the input or " + s.name)
+        if s.changed:
+            snapshots.append(_snapshot(f"after {s.name}", g, locs, drawing))
+        timeline.append(_pass(s, len(snapshots) - 1))
+
+    result = run(graph, passes, fastmath=fastmath, options=options, diffs=True,
+                 after_pass=after_pass)
+    if program is None:
+        from ..backends.llvm import compile as compile_llvm
+        program = compile_llvm(result.graph, fastmath=fastmath)
+        program_graph = result.graph
+    else:
+        program_graph = program.graph
+    for entry in timeline:
+        entry["refusals"] = [_refusal(r, locs) for r in result.refusals
+                             if r.pass_name == entry["name"]]
+    from ..backends.llvm.target import describe  # (loads llvmlite)
+    return {
+        "title": title or graph.name,
+        "passes": timeline,
+        "snapshots": snapshots,
+        "locations": locs.table,
+        # (the program's graph is the result's, or the same nodes in the same order: an
+        # Executable's, from the same passes)
+        "kernels": _kernels(result, program, program_graph,
+                            [made_by.get(n.serial, "?") for n in result.graph.nodes], locs),
+        "memory": _memory(program_graph, program),
+        "target": describe(),
+        "drawing": drawing.status,
+    }
+
+
+def _pass(s: PassStats, snapshot: int) -> dict[str, Any]:
+    return {"name": s.name, "ms": s.seconds * 1e3, "nodes_before": s.nodes_before,
+            "nodes_after": s.nodes_after, "kernels": s.kernels_after,
+            "bytes_read": s.bytes_read, "bytes_written": s.bytes_written,
+            "changed": s.changed, "counters": {k: v for k, v in s.counters.items() if v},
+            "diff": s.diff, "snapshot": snapshot}
+
+
+def _refusal(r: Refusal, locs: _Locations) -> dict[str, Any]:
+    return {"pass": r.pass_name, "subject": r.subject, "reason": r.reason,
+            "locs": locs.indices(r.loc)}
+
+
+class _Locations:
+    """The source lines the page cites, each once: file, line and the line's code."""
+
+    def __init__(self) -> None:
+        self.table: list[dict[str, Any]] = []
+        self._index: dict[tuple[str, int], int] = {}
+
+    def indices(self, loc: Any) -> list[int]:
+        """The table entries of a node's location: one line, or several (a location that
+        lists more than one, such as a node merged from several lines), or none."""
+        if loc is None:
+            return []
+        parts = loc if isinstance(loc, (list, tuple)) else getattr(loc, "locations", [loc])
+        return [self._add(p.file, p.line) for p in parts
+                if getattr(p, "file", None) is not None and getattr(p, "line", None)]
+
+    def _add(self, file: str, line: int) -> int:
+        key = (file, line)
+        if key not in self._index:
+            self._index[key] = len(self.table)
+            self.table.append({"file": file, "where": f"{os.path.basename(file)}:{line}",
+                               "line": line, "code": linecache.getline(file, line).strip()})
+        return self._index[key]
+
+
+class _Drawing:
+    """SVG drawings by graphviz's `dot`, when it is installed; `status` says what was drawn."""
+
+    def __init__(self, draw: bool) -> None:
+        self.on = draw and shutil.which("dot") is not None
+        self.status = "drawn with graphviz's dot" if self.on else (
+            "not drawn: graphviz's `dot` program is not installed (apt install graphviz)"
+            if draw else "not drawn (drawing was turned off)")
+
+    def svg(self, graph: Graph, size: int) -> tuple[str | None, str]:
+        """(the SVG or None, why not)."""
+        if not self.on:
+            return None, self.status
+        if size > MAX_DRAWN:
+            return None, (f"not drawn: {size} nodes (with kernel bodies) is more than "
+                          f"{MAX_DRAWN}, too many to lay out and read")
+        from ..ir.export import render
+        try:
+            text = render(graph, "svg").decode("utf-8")
+        except GraphoptError as e:
+            return None, f"not drawn: {e}"
+        return text[text.find("<svg"):], ""  # (without the XML prologue and doctype)
+
+
+def _size(graph: Graph) -> int:
+    return sum(1 + (_size(n.body) if n.body is not None else 0) for n in graph.nodes)
+
+
+def _snapshot(label: str, graph: Graph, locs: _Locations, drawing: _Drawing) -> dict[str, Any]:
+    """The graph at one point of the pipeline: its text, its nodes, its drawing."""
+    svg, why = drawing.svg(graph, _size(graph))
+    return {"label": label, "ir": format_graph(graph, locs=True), "nodes": _nodes(graph, locs),
+            "svg": svg, "svg_note": why}
+
+
+def _nodes(graph: Graph, locs: _Locations) -> list[dict[str, Any]]:
+    """Every input and node of the graph, and its return, with its edges by node id."""
+    name = Namer()
+    ids: dict[Value, str] = {}
+    entries: list[dict[str, Any]] = []
+    for k, v in enumerate(graph.inputs):
+        ids[v] = f"in{k}"
+        entries.append({"id": ids[v], "name": name.define(v), "op": v.kind, "cat": v.kind,
+                        "type": str(v.type), "attrs": "", "line": f"{v.kind} {name(v)}: {v.type}",
+                        "locs": [], "ins": [], "after": [], "writes": []})
+    for k, node in enumerate(graph.nodes):
+        line = format_node(node, name)  # (defines its results' names)
+        for v in node.outputs:
+            ids[v] = f"n{k}"
+        entries.append({"id": f"n{k}", "name": ", ".join(name(v) for v in node.outputs),
+                        "op": node.op, "cat": node.opdef.category,
+                        "type": ", ".join(str(v.type) for v in node.outputs),
+                        "attrs": format_attrs(node), "line": line,
+                        "locs": _node_locs(node, locs), "ins": _ids(node.inputs, ids),
+                        "after": _ids(node.after, ids), "writes": _ids(_writes(node), ids)})
+    entries.append({"id": "return", "name": "return", "op": "return", "cat": "return",
+                    "type": ", ".join(str(v.type) for v in graph.outputs), "attrs": "",
+                    "line": "return", "locs": [], "ins": _ids(graph.outputs, ids),
+                    "after": _ids(graph.effects, ids), "writes": []})
+    return entries
+
+
+def _node_locs(node: Node, locs: _Locations) -> list[int]:
+    """A node's source lines; a kernel without a location of its own: its body's, in order."""
+    if node.body is None or node.loc is not None:
+        return locs.indices(node.loc)
+    return sorted(set().union(*(locs.indices(n.loc) for n in node.body.nodes)))
+
+
+def _ids(values: Iterable[Value], ids: dict[Value, str]) -> list[str]:
+    return [ids[v] for v in values if v in ids]
+
+
+def _writes(node: Node) -> list[Value]:
+    """The parameters a node writes: an assign's target, the buffers a kernel stores into."""
+    if node.op == "assign" and node.inputs:
+        return [node.inputs[0]]
+    return written(node) if node.body is not None else []
+
+
+def _kernels(result: PipelineResult, program: Any, graph: Graph, made_by: list[str],
+             locs: _Locations) -> list[dict[str, Any]]:
+    """Every kernel node of the result, with its native code when the program compiled it;
+    `made_by`: the pass that made each node of the result."""
+    native = {id(k.node): k for k in getattr(program, "kernels", ())}
+    fallbacks = {id(f.node): f.reason for f in getattr(program, "fallbacks", ())}
+    refusals = [(set(locs.indices(r.loc)), r) for r in result.refusals]
+    entries = []
+    for k, node in enumerate(graph.nodes):
+        if node.body is None:
+            continue
+        c = cost(node)
+        lines = set(_node_locs(node, locs))
+        entry = {
+            "id": f"n{k}", "text": _kernel_text(graph, node),
+            "spaces": node.attrs.get("spaces", []), "outputs": node.attrs.get("outputs", []),
+            "cost": {"read_per_element": c.read_per_element,
+                     "write_per_element": c.write_per_element,
+                     "bytes_per_element": c.bytes_per_element, "elements": c.elements,
+                     "fixed_bytes": c.fixed_bytes, "total_bytes": c.total_bytes,
+                     "summary": str(c)},
+            "made_by": made_by[k],
+            "fused": [{"op": n.op, "locs": locs.indices(n.loc)} for n in node.body.nodes
+                      if n.op != "store"],
+            "refusals": [_refusal(r, locs) for at, r in refusals if at & lines],
+            "native": _native(native[id(node)]) if id(node) in native else None,
+            "fallback": fallbacks.get(id(node), "" if id(node) in native else
+                                      "not compiled by this backend"),
+        }
+        entries.append(entry)
+    return entries
+
+
+def _kernel_text(graph: Graph, node: Node) -> str:
+    """The kernel as the printed graph shows it, header and body."""
+    name = Namer()
+    for v in graph.inputs:
+        name.define(v)
+    for n in graph.nodes:
+        if n is node:
+            break
+        for v in n.outputs:
+            name.define(v)
+    header = format_node(node, name, locs=True)
+    body = format_graph(node.body, locs=True).splitlines()[1:-1]
+    return "\n".join([header + " {", *body, "}"])
+
+
+def _native(k: Any) -> dict[str, Any]:
+    """A compiled kernel: its function, cache key and parts, compile time, LLVM IR and asm."""
+    return {"name": k.name, "key": k.key, "hit": k.cache_hit,
+            "compile_ms": k.compile_seconds * 1e3,
+            "key_parts": dict(k.key_parts),
+            "llvm": k.optimized(), "asm": k.asm()}
+
+
+def _memory(graph: Graph, program: Any) -> dict[str, Any]:
+    """The liveness report of the graph that runs: bytes live at each node of the schedule."""
+    report = memory_report(graph, getattr(program, "copy_reasons", ()),
+                           getattr(program, "plan", None))
+    name = Namer()
+    for v in graph.inputs:
+        name.define(v)
+    labels = []
+    for n in graph.nodes:
+        labels.append(", ".join(name.define(v) for v in n.outputs) or n.op)
+    return {"live": report.live_bytes, "labels": labels, "input_bytes": report.input_bytes,
+            "peak_node": report.peak_node, "peak_bytes": report.peak_bytes,
+            "backward_start": report.backward_start,
+            "kept": [{"name": r.name, "defined": r.defined, "last_use": r.last_use,
+                      "bytes": r.nbytes} for r in report.kept],
+            "kept_bytes": report.kept_bytes, "text": str(report)}
