@@ -9,8 +9,8 @@ fusion did to it (docs/explorer.md).
 """
 from __future__ import annotations
 
-from pathlib import Path
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from ..compile.executable import Executable

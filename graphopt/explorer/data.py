@@ -56,9 +56,11 @@ def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath:
     made_by: dict[int, str] = {}  # a kernel node's serial -> the pass that made it
 
     def after_pass(g: Graph, s: PassStats) -> None:
+        # (after the first pass, a kernel of the input is a copy: it cannot be told apart)
+        made = s.name if timeline or not s.kernels_before else f"the input or {s.name}"
         for n in g.nodes:
             if n.body is not None:
-                made_by.setdefault(n.serial, s.name if timeline else "the input or " + s.name)
+                made_by.setdefault(n.serial, made)
         if s.changed:
             snapshots.append(_snapshot(f"after {s.name}", g, locs, drawing))
         timeline.append(_pass(s, len(snapshots) - 1))
