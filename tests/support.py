@@ -184,3 +184,40 @@ def run_mpi(n: int, script: str | Path, *args: str, timeout: float = 120,
         results.append(json.loads(path.read_text()) if path.exists() else None)
     shutil.rmtree(out, ignore_errors=True)
     return MPIResult(proc.returncode, stdout, stderr, results, seconds, ended_at)
+
+
+# -- a headless browser for the explorer's page (Debian's chromium and chromium-driver) -------
+CHROMIUM, CHROMEDRIVER = "/usr/bin/chromium", "/usr/bin/chromedriver"
+
+
+def chromium_missing() -> str | None:
+    """Why the explorer's page cannot be opened in a browser here, or None."""
+    if importlib.util.find_spec("selenium") is None:
+        return "selenium is not installed (pip install -e '.[test]')"
+    missing = [p for p in (CHROMIUM, CHROMEDRIVER) if not os.path.exists(p)]
+    if missing:
+        return (f"{' and '.join(missing)} not found: apt install chromium chromium-driver "
+                f"(.ci/run does)")
+    return None
+
+
+def headless_chromium(width: int = 1600, height: int = 1000):
+    """A selenium driver of the system's chromium, headless; the driver's path is given, so
+    Selenium Manager downloads nothing."""
+    from selenium import webdriver
+    from selenium.webdriver.chrome.service import Service
+    options = webdriver.ChromeOptions()
+    options.binary_location = CHROMIUM
+    for arg in ("--headless=new", "--no-sandbox", "--disable-gpu", "--disable-extensions",
+                "--disable-dev-shm-usage", f"--window-size={width},{height}"):
+        options.add_argument(arg)
+    options.set_capability("goog:loggingPrefs", {"browser": "ALL"})
+    return webdriver.Chrome(service=Service(CHROMEDRIVER), options=options)
+
+
+def open_page(driver, path: str | os.PathLike) -> None:
+    """Open a page from disk and wait for its script to have drawn it."""
+    from selenium.webdriver.support.ui import WebDriverWait
+    driver.get(Path(path).resolve().as_uri())
+    WebDriverWait(driver, 60).until(
+        lambda d: d.execute_script("return document.body.dataset.ready") == "yes")
