@@ -198,7 +198,7 @@ def test_a_graph_too_large_is_not_drawn(monkeypatch):
     monkeypatch.setattr(explorer_data.shutil, "which", lambda name: "/usr/bin/dot")
     data = gather(parse(MERGE), "cse")
     assert data["snapshots"][0]["svg"] is None
-    assert "3 nodes" in data["snapshots"][0]["svg_note"]
+    assert "4 inputs and nodes" in data["snapshots"][0]["svg_note"]
 
 
 def test_drawings_are_svg_whose_node_titles_are_the_node_ids():

@@ -48,7 +48,7 @@ def explore_executable(exe: Executable, path: str | Path | None = None) -> str:
     """The page of a compiled step: its traced graph, its passes run again as it ran them (to
     show each one's work), and its kernels as its backend compiled them. Returns the HTML and
     writes it to `path` when one is given."""
-    title = getattr(exe.fn, "__qualname__", None) or exe.graph.name
+    title = getattr(exe.fn, "__name__", None) or exe.graph.name
     return write_page(gather(exe.traced_graph, exe.passes, fastmath=exe.fastmath,
                              options=exe.pass_options, program=exe.program, title=title), path)
 

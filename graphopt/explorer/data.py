@@ -28,9 +28,9 @@ from ..ir.printer import Namer, format_attrs, format_graph, format_node
 from ..passes import run
 from ..passes.manager import PassStats, PipelineResult, Refusal
 
-# Above this many nodes (kernel bodies included) a graph is not drawn: `dot` would take
+# Above this many inputs and nodes (kernel bodies included) a graph is not drawn: `dot` would take
 # minutes, and a drawing that size cannot be read (the page says so and shows the rest).
-MAX_DRAWN = 600
+MAX_DRAWN = 500
 
 
 def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath: bool = False,
@@ -65,8 +65,10 @@ def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath:
             snapshots.append(_snapshot(f"after {s.name}", g, locs, drawing))
         timeline.append(_pass(s, len(snapshots) - 1))
 
+    # (verified once, at the end, as jit does: verifying a graph of thousands of nodes after
+    # every pass would cost more than the passes)
     result = run(graph, passes, fastmath=fastmath, options=options, diffs=True,
-                 after_pass=after_pass)
+                 after_pass=after_pass, verify="last")
     if program is None:
         from ..backends.llvm import compile as compile_llvm
         program = compile_llvm(result.graph, fastmath=fastmath)
@@ -144,7 +146,7 @@ class _Drawing:
         if not self.on:
             return None, self.status
         if size > MAX_DRAWN:
-            return None, (f"not drawn: {size} nodes (with kernel bodies) is more than "
+            return None, (f"not drawn: {size} inputs and nodes (with kernel bodies) is more than "
                           f"{MAX_DRAWN}, too many to lay out and read")
         from ..ir.export import render
         try:
@@ -155,7 +157,9 @@ class _Drawing:
 
 
 def _size(graph: Graph) -> int:
-    return sum(1 + (_size(n.body) if n.body is not None else 0) for n in graph.nodes)
+    """What a drawing of the graph holds: its inputs and nodes, and those of kernel bodies."""
+    return len(graph.inputs) + sum(1 + (_size(n.body) if n.body is not None else 0)
+                                   for n in graph.nodes)
 
 
 def _snapshot(label: str, graph: Graph, locs: _Locations, drawing: _Drawing) -> dict[str, Any]:

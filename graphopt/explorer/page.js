@@ -162,7 +162,7 @@ function renderGraph() {
                 "fit width / actual size"), holder);
   holder.addEventListener("click", e => {
     const g = e.target.closest("g.node");
-    if (g) selectNode(drawnId(g));
+    if (g) selectNode(drawnId(g).split("_")[0]);  // a body node (n5_n2): its kernel (n5)
   });
   holder.addEventListener("mouseover", e => {
     const g = e.target.closest("g.node");
@@ -170,14 +170,13 @@ function renderGraph() {
   });
   markPath();
 }
-// A body node of a kernel (`n5_n2`) stands for its kernel (`n5`).
+// The node's id in the drawing: its title, which graphviz writes from the DOT node's name.
 function drawnId(g) {
-  return g.querySelector("title").textContent.split("_")[0];
+  return g.querySelector("title").textContent;
 }
 function highlightEdges(id) {
   for (const e of document.querySelectorAll("#graph g.edge")) {
-    const [src, dst] = e.querySelector("title").textContent.split("->");
-    const ends = [src.split(":")[0].split("_")[0], dst.split(":")[0].split("_")[0]];
+    const ends = e.querySelector("title").textContent.split("->").map(end => end.split(":")[0]);
     e.classList.toggle("hl", ends.includes(id));
   }
 }
@@ -366,7 +365,7 @@ function search(query) {
 
 // -- start ------------------------------------------------------------------------------------
 document.getElementById("title").textContent = DATA.title;
-document.getElementById("target").textContent = `LLVM target ${DATA.target}; graphs ${DATA.drawing}`;
+document.getElementById("target").textContent = `LLVM target ${DATA.target}; graphs ${DATA.drawing}.`;
 for (const b of document.querySelectorAll("#tabs button"))
   b.addEventListener("click", () => openTab(b.dataset.tab));
 let pending = null;
