@@ -301,3 +301,11 @@ def test_an_interpreted_step_shows_its_kernels_without_native_code():
     exe = go.jit(_step, backend="interpreter").lower(w, np.ones(32, np.float32))
     data = gather(exe.traced_graph, exe.passes, program=exe.program, draw=False)
     assert data["kernels"] and all(k["native"] is None and k["fallback"] for k in data["kernels"])
+
+
+def test_a_target_this_host_refuses_still_makes_the_page(monkeypatch):
+    monkeypatch.setenv("GRAPHOPT_CPU", "no-such-cpu")
+    data = gather(parse(UPDATE), "fuse", draw=False)
+    assert data["target"].startswith("refused")
+    assert data["kernels"] and all(k["native"] is None and "not compiled" in k["fallback"]
+                                   for k in data["kernels"])

@@ -69,10 +69,13 @@ def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath:
     # every pass would cost more than the passes)
     result = run(graph, passes, fastmath=fastmath, options=options, diffs=True,
                  after_pass=after_pass, verify="last")
+    program_graph, uncompiled = result.graph, "not compiled by this backend"
     if program is None:
         from ..backends.llvm import compile as compile_llvm
-        program = compile_llvm(result.graph, fastmath=fastmath)
-        program_graph = result.graph
+        try:
+            program = compile_llvm(result.graph, fastmath=fastmath)
+        except GraphoptError as e:  # (a CPU this host refuses: the rest is still worth seeing)
+            uncompiled = f"not compiled: {e}"
     else:
         program_graph = program.graph
     for entry in timeline:
@@ -87,7 +90,8 @@ def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath:
         # (the program's graph is the result's, or the same nodes in the same order: an
         # Executable's, from the same passes)
         "kernels": _kernels(result, program, program_graph,
-                            [made_by.get(n.serial, "?") for n in result.graph.nodes], locs),
+                            [made_by.get(n.serial, "?") for n in result.graph.nodes], locs,
+                            uncompiled),
         "memory": _memory(program_graph, program),
         "target": describe(),
         "drawing": drawing.status,
@@ -215,9 +219,10 @@ def _writes(node: Node) -> list[Value]:
 
 
 def _kernels(result: PipelineResult, program: Any, graph: Graph, made_by: list[str],
-             locs: _Locations) -> list[dict[str, Any]]:
+             locs: _Locations, uncompiled: str) -> list[dict[str, Any]]:
     """Every kernel node of the result, with its native code when the program compiled it;
-    `made_by`: the pass that made each node of the result."""
+    `made_by`: the pass that made each node of the result; `uncompiled`: why a kernel the
+    program did not compile (nor fall back on) has no native code."""
     native = {id(k.node): k for k in getattr(program, "kernels", ())}
     fallbacks = {id(f.node): f.reason for f in getattr(program, "fallbacks", ())}
     refusals = [(set(locs.indices(r.loc)), r) for r in result.refusals]
@@ -240,8 +245,7 @@ def _kernels(result: PipelineResult, program: Any, graph: Graph, made_by: list[s
                       if n.op != "store"],
             "refusals": [_refusal(r, locs) for at, r in refusals if at & lines],
             "native": _native(native[id(node)]) if id(node) in native else None,
-            "fallback": fallbacks.get(id(node), "" if id(node) in native else
-                                      "not compiled by this backend"),
+            "fallback": fallbacks.get(id(node), "" if id(node) in native else uncompiled),
         }
         entries.append(entry)
     return entries
