@@ -24,7 +24,7 @@ from ..errors import GraphoptError
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel import cost, written
 from ..ir.liveness import memory_report
-from ..ir.printer import Namer, format_attrs, format_graph, format_node
+from ..ir.printer import Namer, format_attrs, format_graph, format_node, value_names
 from ..passes import run
 from ..passes.manager import PassStats, PipelineResult, Refusal
 
@@ -90,7 +90,7 @@ def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath:
         # (the program's graph is the result's, or the same nodes in the same order: an
         # Executable's, from the same passes)
         "kernels": _kernels(result, program, program_graph,
-                            [made_by.get(n.serial, "?") for n in result.graph.nodes], locs,
+                            [made_by.get(n.serial, "the input") for n in result.graph.nodes], locs,
                             uncompiled),
         "memory": _memory(program_graph, program),
         "target": describe(),
@@ -226,6 +226,7 @@ def _kernels(result: PipelineResult, program: Any, graph: Graph, made_by: list[s
     native = {id(k.node): k for k in getattr(program, "kernels", ())}
     fallbacks = {id(f.node): f.reason for f in getattr(program, "fallbacks", ())}
     refusals = [(set(locs.indices(r.loc)), r) for r in result.refusals]
+    names = value_names(graph)
     entries = []
     for k, node in enumerate(graph.nodes):
         if node.body is None:
@@ -233,7 +234,7 @@ def _kernels(result: PipelineResult, program: Any, graph: Graph, made_by: list[s
         c = cost(node)
         lines = set(_node_locs(node, locs))
         entry = {
-            "id": f"n{k}", "text": _kernel_text(graph, node),
+            "id": f"n{k}", "text": _kernel_text(node, names),
             "spaces": node.attrs.get("spaces", []), "outputs": node.attrs.get("outputs", []),
             "cost": {"read_per_element": c.read_per_element,
                      "write_per_element": c.write_per_element,
@@ -251,17 +252,9 @@ def _kernels(result: PipelineResult, program: Any, graph: Graph, made_by: list[s
     return entries
 
 
-def _kernel_text(graph: Graph, node: Node) -> str:
-    """The kernel as the printed graph shows it, header and body."""
-    name = Namer()
-    for v in graph.inputs:
-        name.define(v)
-    for n in graph.nodes:
-        if n is node:
-            break
-        for v in n.outputs:
-            name.define(v)
-    header = format_node(node, name, locs=True)
+def _kernel_text(node: Node, names: dict[Value, str]) -> str:
+    """The kernel as the printed graph shows it, header and body (`names`: the graph's)."""
+    header = format_node(node, Namer(keep=names), locs=True)
     body = format_graph(node.body, locs=True).splitlines()[1:-1]
     return "\n".join([header + " {", *body, "}"])
 
@@ -278,12 +271,8 @@ def _memory(graph: Graph, program: Any) -> dict[str, Any]:
     """The liveness report of the graph that runs: bytes live at each node of the schedule."""
     report = memory_report(graph, getattr(program, "copy_reasons", ()),
                            getattr(program, "plan", None))
-    name = Namer()
-    for v in graph.inputs:
-        name.define(v)
-    labels = []
-    for n in graph.nodes:
-        labels.append(", ".join(name.define(v) for v in n.outputs) or n.op)
+    names = value_names(graph)
+    labels = [", ".join(names[v] for v in n.outputs) or n.op for n in graph.nodes]
     return {"live": report.live_bytes, "labels": labels, "input_bytes": report.input_bytes,
             "peak_node": report.peak_node, "peak_bytes": report.peak_bytes,
             "backward_start": report.backward_start,
