@@ -5,6 +5,8 @@
     graphopt opt FILE.gir --passes dce,cse     run passes on IR text (like LLVM's opt)
     graphopt opt FILE.gir --load mypass.py --passes mypass
                                                ... with a pass defined in a file of yours
+    graphopt opt FILE.gir --load-pass mypasses:double --passes double
+                                               ... a function of a module of yours, as a pass
     graphopt compile FILE.py:FUNC --emit ir    trace a step function from a file and dump it
     graphopt explore FILE.py:FUNC -o step.html one HTML page of its passes, kernels, memory
     graphopt explore FILE.gir --passes fuse -o step.html
@@ -251,19 +253,66 @@ def _ir(args: argparse.Namespace) -> int:
 
 
 @contextlib.contextmanager
-def _plugins(files: list[str] | None) -> Iterator[None]:
+def _plugins(files: list[str] | None, passes: list[str] | None) -> Iterator[None]:
     """Run each --load file (as `compile` runs FILE.py), so the passes it registers with
-    `@register` can be named in --passes; they are unregistered when the command is done (a
-    test may call main() many times in one process)."""
+    `@register` can be named in --passes, and register each --load-pass MODULE:FUNCTION; they
+    are unregistered, and the modules forgotten, when the command is done (a test may call
+    main() many times in one process)."""
     from .passes import PASSES
     before = dict(PASSES)
+    imported: list[str] = []
     try:
         for file in files or ():
             _load_module(_user_path(file, "--load "), file, {os.path.abspath(file)})
+        for spec in passes or ():
+            _load_pass(spec, imported)
         yield
     finally:
         PASSES.clear()
         PASSES.update(before)
+        for name in imported:
+            sys.modules.pop(name, None)
+
+
+def _load_pass(spec: str, imported: list[str]) -> None:
+    """--load-pass MODULE:FUNCTION (as LLVM's -load-pass-plugin): import the module (a name on
+    the Python path or in the working directory, or a FILE.py) and register FUNCTION as a pass
+    under its own name, unless the module registered it under one itself."""
+    from .passes import PASSES, register
+    where, _, name = spec.rpartition(":")
+    if not where or not name:
+        raise CLIError(f"--load-pass {spec!r}: expected MODULE:FUNCTION (mypasses:double, or "
+                       f"FILE.py:double)")
+    if where.endswith(".py") or os.sep in where:
+        module = _load_module(_user_path(where, "--load-pass "), where,
+                              {os.path.abspath(where)})
+    else:
+        module = _import_module(where, imported)
+    fn = _function_of(module, where, name, "--load-pass ")
+    if not any(p.run is fn for p in PASSES.values()):
+        register(name)(fn)
+
+
+def _import_module(name: str, imported: list[str]):
+    """Import a module of the user's by name, the working directory first on the path (as
+    `python -m` has it); a module that is not there, or raises, is the user's mistake."""
+    sys.path.insert(0, os.getcwd())
+    try:
+        with _running_user_code(f"importing {name}", set()):
+            try:
+                spec = importlib.util.find_spec(name)
+            except ModuleNotFoundError:  # a package of the dotted name is missing
+                spec = None
+            if spec is None:
+                raise CLIError(f"--load-pass {name}: no module named {name!r} on the Python "
+                               f"path or in the working directory")
+            if name not in sys.modules:
+                imported.append(name)
+            with _running_user_code(f"importing {name}", {os.path.abspath(spec.origin or "")}):
+                return importlib.import_module(name)
+    finally:
+        with contextlib.suppress(ValueError):
+            sys.path.remove(os.getcwd())
 
 
 def _pass_options(items: list[str]) -> dict[str, int]:
@@ -327,6 +376,20 @@ def _user_path(file: str, option: str = "") -> Path:
     return path
 
 
+def _function_of(module: Any, file: str, name: str, option: str = "") -> Any:
+    """The function `name` of a user's module (`file`: how the command line names it)."""
+    fn = getattr(module, name, None)
+    if fn is None:
+        defined = sorted(n for n, v in vars(module).items()
+                         if inspect.isfunction(v) and v.__module__ == module.__name__)
+        raise CLIError(f"{option}{file} has no function {name}"
+                       + (f" (it defines {', '.join(defined)})" if defined else ""))
+    if not callable(fn):
+        raise CLIError(f"{option}{file}: {name} is not a function (it is of type "
+                       f"{type(fn).__name__})")
+    return fn
+
+
 def load_function(spec: str) -> tuple[Any, tuple, dict]:
     """FILE.py:FUNC -> (the function, example args, example kwargs). Every mistake, the user
     code's own exceptions included, is a GraphoptError saying what is wrong and where."""
@@ -336,14 +399,7 @@ def load_function(spec: str) -> tuple[Any, tuple, dict]:
     path = _user_path(file)
     user_files = {os.path.abspath(file)}
     module = _load_module(path, file, user_files)
-    fn = getattr(module, name, None)
-    if fn is None:
-        defined = sorted(n for n, v in vars(module).items()
-                         if inspect.isfunction(v) and v.__module__ == module.__name__)
-        raise CLIError(f"{file} has no function {name}"
-                       + (f" (it defines {', '.join(defined)})" if defined else ""))
-    if not callable(fn):
-        raise CLIError(f"{file}: {name} is not a function (it is of type {type(fn).__name__})")
+    fn = _function_of(module, file, name)
     make_name = f"{name}_inputs" if hasattr(module, f"{name}_inputs") else "make_inputs"
     make = getattr(module, make_name, None)
     if make is None:
@@ -480,6 +536,9 @@ def _parser() -> argparse.ArgumentParser:
         p.add_argument("--load", action="append", metavar="FILE.py",
                        help="run this Python file first, so the passes it registers can be "
                             "named in --passes (repeatable)")
+        p.add_argument("--load-pass", action="append", metavar="MODULE:FUNCTION",
+                       help="import MODULE (or FILE.py) and register its FUNCTION as a pass of "
+                            "that name, to name in --passes (repeatable)")
 
     p = sub.add_parser("opt", help="run passes on an IR text file")
     p.add_argument("--option", action="append", metavar="NAME=N",
@@ -556,7 +615,8 @@ def main(argv: list[str] | None = None) -> int:
         with warnings.catch_warnings():
             warnings.showwarning = _show_warning  # one line each, not the warning's source
             envvars.check()  # every switch, before anything is done
-            with _plugins(getattr(args, "load", None)):  # (opt, compile and explore)
+            with _plugins(getattr(args, "load", None),  # (opt, compile and explore)
+                          getattr(args, "load_pass", None)):
                 status = args.run(args)
             sys.stdout.flush()  # a closed pipe is found here, not as Python exits
             return status

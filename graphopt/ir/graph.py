@@ -154,6 +154,12 @@ class Node:
         self.inputs.clear()
         self.after.clear()
 
+    def __str__(self) -> str:
+        """Its line of the text form, with its location; results and operands that are not
+        graph inputs are named `%v<serial>` (a node alone has no place in a numbering)."""
+        from .printer import format_alone
+        return format_alone(self)
+
     def __repr__(self) -> str:
         return f"<Node {self.op} {[str(v.type) for v in self.outputs]}>"
 

@@ -172,22 +172,34 @@ def format_node(node: Node, name: Namer, *, locs: bool = False) -> str:
     return line
 
 
+def _node_lines(node: Node, name: Namer, indent: str, locs: bool) -> list[str]:
+    """A node's line; a kernel's is followed by its body's."""
+    line = indent + format_node(node, name, locs=locs)
+    if node.body is None:
+        return [line]
+    from .kernel import cost
+    try:
+        comment = f"  # {cost(node)}"
+    except Exception:  # a broken kernel still prints, for the verifier's message
+        comment = ""
+    return [f"{line} {{{comment}", *_region(node.body, Namer(), indent + "  ", locs),
+            indent + "}"]
+
+
+def format_alone(node: Node) -> str:
+    """A node's line out of its graph (`str(node)`): graph inputs by their names, other
+    nodes' results `%v` and their serial number (unique in the process), since the numbers
+    `%0, %1, ...` exist only in a printing of the whole graph."""
+    name = Namer({v: f"%v{v.serial}" for v in (*node.operands(), *node.outputs)
+                  if not v.is_input})
+    return "\n".join(_node_lines(node, name, "", locs=True))
+
+
 def _region(graph: Graph, name: Namer, indent: str, locs: bool) -> list[str]:
     """The lines of a graph's inputs, nodes and return; a kernel's body nests inside it."""
     lines = [f"{indent}{v.kind} {name.define(v)}: {v.type}" for v in graph.inputs]
     for node in graph.nodes:
-        line = indent + format_node(node, name, locs=locs)
-        if node.body is None:
-            lines.append(line)
-            continue
-        from .kernel import cost
-        try:
-            comment = f"  # {cost(node)}"
-        except Exception:  # a broken kernel still prints, for the verifier's message
-            comment = ""
-        lines.append(f"{line} {{{comment}")
-        lines += _region(node.body, Namer(), indent + "  ", locs)
-        lines.append(indent + "}")
+        lines += _node_lines(node, name, indent, locs)
     ret = indent + "return"
     if graph.outputs:
         ret += " " + ", ".join(name(v) for v in graph.outputs)

@@ -121,6 +121,23 @@ FILES = {
                     n.op = "sqrt"
             return {"renamed": 1}
         """,
+    "passes_module.py": """\
+        def negate_exp(graph, ctx):
+            \"\"\"exp(x) -> negative(x), refusing every other node (a test pass).\"\"\"
+            for n in list(graph.nodes):
+                if n.op != "exp":
+                    ctx.refuse(n.op, "not an exp", n.loc)
+                    continue
+                i = graph.nodes.index(n)
+                m = graph.add_node("negative", [n.inputs[0]], loc=n.loc)
+                graph.nodes.pop()
+                graph.nodes[i] = m
+                n.out.replace_all_uses_with(m.out)
+                n.detach()
+            ctx.refuse("the return", "left as it is")
+            return {"negated": 1}
+        answer = 42
+        """,
     "plugin_syntax.py": """\
         from graphopt.passes import register
         @register("broken"
@@ -286,6 +303,20 @@ MISTAKES = {
     "--load, then a pass it does not define": (
         ["opt", "good.gir", "--load", "plugin.py", "--passes", "frobnicate"],
         "unknown pass frobnicate; known passes: bucket, cse, dce, exp_to_sqrt, fold,"),
+    # --load-pass: a function of a module as a pass
+    "--load-pass without a function": (["opt", "good.gir", "--load-pass", "passes_module"],
+                                       "--load-pass 'passes_module': expected MODULE:FUNCTION"),
+    "--load-pass a missing module": (["opt", "good.gir", "--load-pass", "nowhere:f"],
+                                     "--load-pass nowhere: no module named 'nowhere' on the"),
+    "--load-pass a missing function": (
+        ["opt", "good.gir", "--load-pass", "passes_module:frobnicate"],
+        "--load-pass passes_module has no function frobnicate (it defines negate_exp)"),
+    "--load-pass not a function": (["opt", "good.gir", "--load-pass", "passes_module:answer"],
+                                   "--load-pass passes_module: answer is not a function (it"),
+    "--load-pass a module that raises": (["opt", "good.gir", "--load-pass", "plugin_raises:f"],
+                                         "plugin_raises.py:2: ValueError: boom in a plugin"),
+    "--load-pass a missing file": (["opt", "good.gir", "--load-pass", "missing.py:f"],
+                                   "--load-pass missing.py: no such file"),
     # switches
     "bad switch": (["cache", "path"],
                    "GRAPHOPT_THREADS='1.5' (from the environment): expected a whole number"),
@@ -331,6 +362,31 @@ def test_load_registers_passes_for_the_command(files, capsys):
         if argv[0] == "opt":
             assert "%0 = sqrt %x : f32[3]" in out and "exp" not in out
     assert PASSES == before
+
+
+def test_load_pass_runs_a_function_as_a_pass(files, capsys):
+    """`--load-pass MODULE:FUNCTION` (a module in the working directory, or FILE.py) registers
+    the function under its name for the command: its counters are in --stats, its diff and
+    refusals in --explain, as a built-in's; a function the module registered itself keeps
+    its name; afterwards the pass and the module are gone."""
+    from graphopt.passes import PASSES
+    before, modules = dict(PASSES), set(sys.modules)
+    for spec in ("passes_module:negate_exp", "passes_module.py:negate_exp"):
+        status, out, err = _run(capsys, ["opt", "good.gir", "--load-pass", spec, "--passes",
+                                         "negate_exp", "--stats"])
+        assert status == 0 and "%0 = negative %x : f32[3]" in out and "exp" not in out, err
+        assert "negate_exp" in err and "negated=1" in err
+    status, out, err = _run(capsys, ["opt", "good.gir", "--load-pass",
+                                     "passes_module:negate_exp", "--passes", "cse,negate_exp",
+                                     "--explain"])
+    assert status == 0, err
+    assert "=== negate_exp: 1 -> 1 nodes" in out and "-  %0 = exp %x : f32[3]" in out
+    assert "+  %0 = negative %x : f32[3]" in out
+    assert "--- negate_exp refused 1:\n  the return: left as it is" in out
+    status, out, err = _run(capsys, ["opt", "good.gir", "--load-pass", "plugin:exp_to_sqrt",
+                                     "--passes", "exp_to_sqrt"])
+    assert status == 0 and "%0 = sqrt %x : f32[3]" in out, err
+    assert PASSES == before and "passes_module" not in set(sys.modules) - modules
 
 
 def test_ir_from_stdin_that_is_not_utf8(files, capsys, monkeypatch):
