@@ -195,14 +195,17 @@ def _check_output(emit: str, out: str | None) -> None:
                        f"{out!r}; name it FILE{_DRAWINGS[emit][0]}")
 
 
-def _emit(graph, emit: str, out: str | None, fastmath: bool = False) -> None:
+def _emit(graph, emit: str, out: str | None, fastmath: bool = False, names=None) -> None:
+    """Write the graph as --emit says (`names`: the values' names in what was printed
+    before, for the IR text to name them alike)."""
     from .ir.export import dump
+    from .ir.printer import format_graph
     if emit in ("llvm", "asm"):  # the kernels, compiled for this machine
         from .backends.llvm import compile as compile_llvm
         _write(compile_llvm(graph, fastmath=fastmath).listing(emit), out)
         return
     if emit in ("ir", "text"):
-        _write(graph.format(locs=True), out)
+        _write(format_graph(graph, locs=True, keep=names), out)
         return
     if emit == "dot" and not out:
         print(graph.to_dot().source)
@@ -343,7 +346,7 @@ def _opt(args: argparse.Namespace) -> int:
                      print_after=print_after, fastmath=args.fastmath, options=options)
         if args.stats:
             print(result, file=sys.stderr)
-    _emit(result.graph, args.emit, args.output, args.fastmath)
+    _emit(result.graph, args.emit, args.output, args.fastmath, result.names)
     return 0
 
 
@@ -430,7 +433,7 @@ def _compile(args: argparse.Namespace) -> int:
             graph = trace_function(fn, fargs, fkwargs).graph.verify()
             result = run(graph, args.passes, print_after_all=args.print_after_all,
                          fastmath=args.fastmath)
-    _emit(result.graph, args.emit, args.output, args.fastmath)
+    _emit(result.graph, args.emit, args.output, args.fastmath, result.names)
     return 0
 
 

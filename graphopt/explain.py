@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any, Callable, Iterable, TextIO
 
 from .frontend.tracer import trace_function
-from .ir.graph import Graph
+from .ir.graph import Graph, Value
 from .ir.printer import Namer, format_node
 from .ir.registry import COLLECTIVE, CONSTANT
 from .passes import run
@@ -79,7 +79,7 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
                 where = f" [{r.loc}]" if r.loc is not None else ""
                 print(f"  {r.subject}{where}: {r.reason}", file=out)
     print(f"=== result\n{result}", file=out)
-    print_collectives(result.graph, out)
+    print_collectives(result.graph, out, result.names)
     from .backends.llvm.target import describe  # (loads llvmlite: only when explaining)
     print(f"=== llvm target: {describe()}", file=out)
     return result
@@ -99,7 +99,8 @@ def _bucket_part(v: Any) -> str:
         f"{v.type} {'@' if v.is_param else '%'}{v.name}"
 
 
-def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
+def print_collectives(graph: Graph, out: TextIO | None = None,
+                      names: dict[Value, str] | None = None) -> int:
     """Print each collective of the graph (in order, as the text form names it) with its type
     and the bytes one rank sends in it per step (passes.cost.bytes_sent: a ring algorithm;
     a predicated one's, when it communicates and per run on average), then their total;
@@ -108,13 +109,14 @@ def print_collectives(graph: Graph, out: TextIO | None = None) -> int:
     Args:
         graph: the graph, usually after the passes (what runs).
         out: where to print (default sys.stdout).
+        names: names values keep (PipelineResult.names: those the passes' printings gave).
     """
     out = out or sys.stdout
     nodes = [n for n in graph.nodes if n.opdef.category == COLLECTIVE]
     if not nodes:
         return 0
     print("=== collectives: bytes each rank sends per step (a ring algorithm)", file=out)
-    name = Namer()  # the names the text form gives
+    name = Namer(names)  # the names the text form gives
     for v in graph.inputs:
         name.define(v)
     for n in graph.nodes:

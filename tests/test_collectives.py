@@ -554,12 +554,13 @@ def test_explain_lists_each_collective_with_its_bytes_and_the_total(replicas):
     text = out.getvalue()
     assert "%2 = all_reduce [loc(" in text and "]: stays outside kernels: all_reduce is a " \
         "collective: it runs as a node of its own" in text
+    # (named as the refusal and every printing of the run name them: %2 is the all_reduce)
     section = text[text.index("=== collectives"):text.index("=== llvm")]
     assert section.splitlines() == [
         "=== collectives: bytes each rank sends per step (a ring algorithm)",
-        '  %1 = all_reduce %0 {group="replicas", ranks=3, reduce="sum"} : f32[4,250]  sends '
+        '  %2 = all_reduce %1 {group="replicas", ranks=3, reduce="sum"} : f32[4,250]  sends '
         "5,333 B",
-        '  %2 = all_gather %x {group="replicas", ranks=3} after(%1) : f32[12,250]  sends '
+        '  %3 = all_gather %x {group="replicas", ranks=3} after(%2) : f32[12,250]  sends '
         "8,000 B",
         "  total: 13,333 B sent per step",
     ]

@@ -24,3 +24,31 @@ def test_str_of_a_node_is_its_line():
     lines = [re.sub(r"%v(\d+)", lambda m: names[int(m.group(1))], str(n)) for n in g.nodes]
     assert lines == [line.strip() for line in g.format(locs=True).splitlines()[3:-2]]
     assert str(g.nodes[0]).startswith(f"%v{g.nodes[0].out.serial} = multiply @w, %x")
+
+
+def test_printings_after_passes_pair_values_by_identity():
+    """print_after_change: a cse merge of one node in a long chain differs from the input's
+    printing by that node and its reader only, never by a renumbering of later values; a
+    plain run names nothing (no names kept, nothing recorded)."""
+    import difflib
+    import io
+
+    from graphopt import passes
+    chain = "\n".join(f"  %{i + 2} = exp %{i + 1} : f32[4]" for i in range(30))
+    g = parse(f"""graph g {{
+  arg %x: f32[4]
+  %0 = negative %x : f32[4]
+  %1 = negative %x : f32[4]
+{chain}
+  %32 = add %31, %0 : f32[4]
+  return %32
+}}""")
+    out = io.StringIO()
+    result = passes.run(g, "cse", print_after_change=True, out=out)
+    printed = out.getvalue().split("***\n", 1)[1].strip()
+    changes = [line for line in difflib.ndiff(g.format(locs=True).splitlines(),
+                                              printed.splitlines()) if line[:1] in "+-"]
+    assert changes == ["-   %1 = negative %x : f32[4]", "-   %2 = exp %1 : f32[4]",
+                       "+   %2 = exp %0 : f32[4]"]
+    assert result.format() == printed
+    assert passes.run(g, "cse").names == {}

@@ -110,9 +110,10 @@ class Namer:
         return self.names.get(v) or self.define(v)
 
 
-def value_names(graph: Graph) -> dict[Value, str]:
-    """The name each value of a graph has in its printed text."""
-    name = Namer()
+def value_names(graph: Graph, keep: dict[Value, str] | None = None) -> dict[Value, str]:
+    """The name each value of a graph has in its printed text (`keep`: names values keep, as
+    `format_graph` takes them)."""
+    name = Namer(keep)
     for v in graph.inputs:
         name.define(v)
     for n in graph.nodes:

@@ -21,7 +21,7 @@ from dataclasses import dataclass, field
 from typing import Any, Callable, Iterable, TextIO
 
 from ..errors import GraphoptError, VerifyError
-from ..ir.graph import Graph, Location
+from ..ir.graph import Graph, Location, Value
 from ..ir.printer import format_graph, kept_names, value_names
 from ..ir.uses import recording_replacements
 from ..ir.verifier import verify
@@ -142,11 +142,18 @@ class PassStats:
 @dataclass
 class PipelineResult:
     """What `run` returns: the rewritten graph, one PassStats per pass in order, and every
-    refusal the passes recorded. `str()` of it is the statistics table."""
+    refusal the passes recorded. `str()` of it is the statistics table. `names`: when the
+    run printed or diffed the IR, the name each value of the result had in those printings
+    (`format_graph(result.graph, keep=result.names)` prints it so); else empty."""
 
     graph: Graph
     stats: list[PassStats]
     refusals: list[Refusal]
+    names: dict[Value, str] = field(default_factory=dict)
+
+    def format(self) -> str:
+        """The result's text form with locations, in the names of the run's printings."""
+        return format_graph(self.graph, locs=True, keep=self.names)
 
     def __str__(self) -> str:
         rows = [f"{'pass':<10} {'ms':>8} {'nodes':>13} {'kernels':>8} {'MB read':>8} "
@@ -209,6 +216,8 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         print_after: likewise, after each pass that matches.
         print_after_all: print the IR after every pass.
         print_after_change: print it only after the passes that changed it.
+            Every printing names a value as the first did (by identity: see
+            PipelineResult.names), so two printings differ where a pass changed the graph.
         verify: True verifies the input and the graph after every pass, "last" only the
             result (what jit does: compile time), False never; GRAPHOPT_VERIFY=each makes
             every pipeline verify the input and every pass.
@@ -236,39 +245,50 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
     ctx = PassContext(fastmath=fastmath, options=dict(options or {}))
     stats: list[PassStats] = []
     memo: dict[int, tuple[int, int]] = {}
+    # A run that prints or diffs the IR names each value once, by identity, from the input's
+    # printing on: a value keeps its name through every pass, one that takes the place of
+    # another takes its name, so a printing after a pass differs from the one before only
+    # where the pass changed something (not every later %N renumbered).
+    printing = diffs or print_after_all or print_after_change or bool(print_before) or \
+        bool(print_after)
+    shown = value_names(g) if printing else None
     for name in names:
         if _matches(print_before, name):
-            print(f"# *** IR before {name} ***\n{g.format(locs=True)}", file=out)
-        stats.append(_run_pass(g, name, ctx, memo, verify=each, diffs=diffs,
-                               pipeline=names, before=stats[-1].fingerprint if stats else None))
+            print(f"# *** IR before {name} ***\n{format_graph(g, locs=True, keep=shown)}",
+                  file=out)
+        s, shown = _run_pass(g, name, ctx, memo, verify=each, diffs=diffs, pipeline=names,
+                             before=stats[-1].fingerprint if stats else None, names=shown)
+        stats.append(s)
         if after_pass is not None:
-            after_pass(g, stats[-1])
-        if print_after_all or _matches(print_after, name) or \
-                (print_after_change and stats[-1].changed):
-            print(f"# *** IR after {name}{'' if stats[-1].changed else ' (no change)'} ***\n"
-                  f"{g.format(locs=True)}", file=out)
+            after_pass(g, s)
+        if print_after_all or _matches(print_after, name) or (print_after_change and s.changed):
+            print(f"# *** IR after {name}{'' if s.changed else ' (no change)'} ***\n"
+                  f"{format_graph(g, locs=True, keep=shown)}", file=out)
     if verify == "last" and not each:
         _verify(g, f"the graph does not verify after the pipeline {','.join(names) or '(none)'} "
                    f"(GRAPHOPT_VERIFY=each verifies its input and every pass, to find which "
                    f"broke it)")
-    return PipelineResult(g, stats, ctx.refusals)
+    return PipelineResult(g, stats, ctx.refusals, shown or {})
 
 
 def _run_pass(g: Graph, name: str, ctx: PassContext, memo: dict[int, tuple[int, int]], *,
-              verify: bool, diffs: bool, pipeline: list[str], before: int | None) -> PassStats:
+              verify: bool, diffs: bool, pipeline: list[str], before: int | None,
+              names: dict[Value, str] | None) -> tuple[PassStats, dict[Value, str] | None]:
     """One pass on g: run it, verify the result, and measure what it did (`before`: the
-    graph's fingerprint as the previous pass left it, when there was one)."""
+    graph's fingerprint as the previous pass left it, when there was one). `names`: the
+    values' names in the printing before the pass, or None when nothing is printed; returned
+    as they are after it."""
     before = fingerprint(g) if before is None else before
-    before_text = g.format(locs=True) if diffs else ""
-    # The diff pairs values by identity: those the pass kept, and new ones in the place of
-    # old ones, print with their names from before it, so only what it changed shows (not
-    # every later value renumbered).
-    names = value_names(g) if diffs else {}
+    before_text = format_graph(g, locs=True, keep=names) if diffs else ""
+    # Passes name values in refusals as a fresh printing of the graph before them does.
+    fresh = value_names(g) if names is not None else {}
+    refused = len(ctx.refusals)
     nodes_before, kernels_before = _sizes(g)
     ctx.current = name
     start = time.perf_counter()
-    # (recorded only for a diff: a compile does not pay for the log)
-    with recording_replacements() if diffs else contextlib.nullcontext({}) as replaced:
+    # (recorded only when printing: a compile does not pay for the log)
+    with recording_replacements() if names is not None else contextlib.nullcontext({}) \
+            as replaced:
         counters = PASSES[name].run(g, ctx) or {}
     seconds = time.perf_counter() - start
     if verify:
@@ -277,13 +297,35 @@ def _run_pass(g: Graph, name: str, ctx: PassContext, memo: dict[int, tuple[int, 
     after = fingerprint(g)
     changed = after != before
     diff = ""
-    if diffs and changed:
-        diff = "".join(difflib.unified_diff(
-            before_text.splitlines(True), format_graph(g, locs=True, keep=kept_names(names, replaced, g)).splitlines(True),
-            f"before {name}", f"after {name}", n=1))
+    if names is not None:
+        kept = value_names(g, keep=kept_names(names, replaced, g)) if changed else names
+        _rename(ctx.refusals[refused:], fresh, names, kept)
+        if diffs and changed:
+            diff = "".join(difflib.unified_diff(
+                before_text.splitlines(True),
+                format_graph(g, locs=True, keep=kept).splitlines(True),
+                f"before {name}", f"after {name}", n=1))
+        names = kept
     read, written = graph_bytes(g, memo)
     return PassStats(name, seconds, nodes_before, len(g.nodes), kernels_before, _sizes(g)[1],
-                     read, written, changed, counters, diff, after)
+                     read, written, changed, counters, diff, after), names
+
+
+_NUMBERED = re.compile(r"%[0-9]+(?![0-9])")
+
+
+def _rename(refusals: list[Refusal], fresh: dict[Value, str], before: dict[Value, str],
+            after: dict[Value, str]) -> None:
+    """Name the values in refusals (subject and reason) as the printings do: a pass wrote them as a
+    fresh printing of the graph before it numbers them; a value still there is named as
+    the printing after the pass names it, one that is gone as the one before did."""
+    value = {n: v for v, n in fresh.items()}
+
+    def name(m: re.Match) -> str:
+        v = value.get(m.group())
+        return m.group() if v is None else after.get(v) or before.get(v, m.group())
+    for r in refusals:
+        r.subject, r.reason = _NUMBERED.sub(name, r.subject), _NUMBERED.sub(name, r.reason)
 
 
 def _verify(g: Graph, what: str) -> None:
