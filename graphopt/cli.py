@@ -151,10 +151,13 @@ def _read_text(path: str) -> tuple[str, str]:
 def _read_ir(path: str):
     """The verified graph of a .gir file; an error in it names the file and line."""
     from .ir import parse
+    from .ir.verifier import verify
     text, name = _read_text(path)
     lines: dict = {}
     try:
-        return parse(text, lines=lines).verify()
+        graph = parse(text, lines=lines)
+        verify(graph, lines)
+        return graph
     except ParseError as e:
         raise CLIError(f"{name}: {e}") from e
     except VerifyError as e:

@@ -62,7 +62,8 @@ class ParseInputError(GraphoptError, TypeError):
 
 
 class VerifyError(GraphoptError, ValueError):
-    """A graph breaks an IR rule; the message names the node and the rule."""
+    """A graph breaks an IR rule; the message names the node and the rule. `node`: what
+    breaks it, a Node, a graph input (a Value) or a Graph (its return), or None."""
 
     def __init__(self, rule: str, message: str, node: Any = None):
         self.rule, self.node = rule, node

@@ -77,14 +77,15 @@ class Token:
     col: int
 
 
-def parse(text: str, *, lines: dict[Node, int] | None = None) -> Graph:
+def parse(text: str, *, lines: dict[Node | Value | Graph, int] | None = None) -> Graph:
     """Read a graph from its text form; raise ParseError (with line and column) if malformed,
     ParseInputError (a TypeError) if `text` is not a str.
 
     Args:
         text: the graph's text form.
-        lines: if given, filled with the line (1-based) each node, kernel bodies' too, is
-            written on: so that an error the verifier finds later can point into the text.
+        lines: if given, filled with the line (1-based) each node, graph input and return
+            (keyed by its graph), kernel bodies' too, is written on: so that an error the
+            verifier finds later can point into the text (`verify(graph, lines)`).
     """
     if not isinstance(text, str):
         hint = " (decode it first: data.decode())" if isinstance(text, (bytes, bytearray)) \
@@ -95,7 +96,7 @@ def parse(text: str, *, lines: dict[Node, int] | None = None) -> Graph:
 
 
 class _Parser:
-    def __init__(self, text: str, node_lines: dict[Node, int]):
+    def __init__(self, text: str, node_lines: dict[Node | Value | Graph, int]):
         self.node_lines = node_lines
         self.lines = text.split("\n")
         self.tokens = self._tokenize(text)
@@ -215,6 +216,7 @@ class _Parser:
                 raise self.error("expected 'return' before the end of the graph", self.peek())
             if self.at("param") or self.at("arg"):
                 tok, value = self.input(graph)
+                self.node_lines[value] = tok.line
                 self.define(names, tok, value)
             else:
                 line = self.peek().line
@@ -224,7 +226,7 @@ class _Parser:
                     self.define(names, tok, value)
                 uses += [(node.inputs, operands[0]), (node.after, operands[1])]
             self.end_of_line()
-        self.expect("return")
+        self.node_lines[graph] = self.expect("return").line
         uses.append((graph.outputs, self.values() if self.peek().kind == "VALUE" else []))
         uses.append((graph.effects, self.after() if self.at("after") else []))
         self.end_of_line()

@@ -43,7 +43,7 @@ import functools
 import itertools
 import operator
 from collections import Counter
-from typing import Callable
+from typing import Any, Callable
 
 from ..errors import GraphoptError, VerifyError
 from .analysis import live_nodes, producers, unordered_readers
@@ -55,23 +55,28 @@ from .registry import (COLLECTIVE, CONSTANT, ELEMENTWISE, KERNEL, REDUCTION, REG
 from .types import RowsType, TensorType, TokenType, Type, shape_problem
 from .uses import Operands
 
-Fail = Callable[[str, "Node | None", str], None]
+Fail = Callable[[str, "Node | Value | Graph | None", str], None]
+# Where each node, graph input and return (keyed by its graph) is written in IR text that was
+# parsed (parse(text, lines=...)); empty for a graph built in code.
+Lines = dict[Any, int]
 
 
-def _describe(node: Node, graph: Graph) -> str:
-    """The node's printed line, with the names it has in the printed graph."""
+def _describe(node: Node, graph: Graph, lines: Lines) -> str:
+    """The node's printed line, with the names it has in the printed graph (and its line in
+    the text it was read from)."""
+    at = f" (line {lines[node]})" if node in lines else ""
     name = Namer()
     for v in graph.inputs:
         name.define(v)
     for n in graph.nodes:
         if n is node:
             try:
-                return f"`{format_node(n, name)}`"
+                return f"`{format_node(n, name)}`{at}"
             except TypeError:  # an attribute the text form has no spelling for
-                return repr(node)
+                return repr(node) + at
         for v in n.outputs:
             name.define(v)
-    return repr(node)
+    return repr(node) + at
 
 
 @functools.lru_cache(maxsize=4096)
@@ -83,27 +88,39 @@ def _size_problem(t: Type) -> str | None:
     return shape_problem(t.shape, t.dtype.itemsize) if isinstance(t, TensorType) else None
 
 
-def verify(graph: Graph) -> None:
-    """Raise VerifyError on the first rule the graph breaks."""
-    _verify(graph, region=False)
+def verify(graph: Graph, lines: Lines | None = None) -> None:
+    """Raise VerifyError on the first rule the graph breaks.
+
+    Args:
+        graph: the graph.
+        lines: where its nodes, inputs and returns are written, if it was parsed (what
+            `parse(text, lines=...)` fills): each node a message names carries its line, and
+            the error's `node` (the node, graph input, or graph whose return breaks the
+            rule) is a key of it.
+    """
+    _verify(graph, region=False, lines=lines or {})
 
 
-def _verify(graph: Graph, region: bool) -> None:
-    def fail(rule: str, node: Node | None, msg: str) -> None:
+def _verify(graph: Graph, region: bool, lines: Lines) -> None:
+    def fail(rule: str, node: Node | Value | Graph | None, msg: str) -> None:
         inside = " (in a kernel body)" if region else ""
-        where = f" in {_describe(node, graph)}{inside}" if node is not None else inside
+        where = f" in {_describe(node, graph, lines)}{inside}" if isinstance(node, Node) \
+            else inside
         raise VerifyError(rule, f"{msg}{where}", node)
+
+    def describe(node: Node) -> str:
+        return _describe(node, graph, lines)
 
     names = set()
     for v in graph.inputs:
         if v.name in names:
-            fail("unique-names", None, f"graph input '{v.name}' is declared twice")
+            fail("unique-names", v, f"graph input '{v.name}' is declared twice")
         names.add(v.name)
         if not isinstance(v.type, TensorType):
-            fail("types", None, f"graph input '{v.name}' is a {v.type}; inputs are tensors")
+            fail("types", v, f"graph input '{v.name}' is a {v.type}; inputs are tensors")
         problem = _size_problem(v.type)
         if problem is not None:
-            fail("size", None, f"graph input '{v.name}': {v.type} has {problem}")
+            fail("size", v, f"graph input '{v.name}': {v.type} has {problem}")
 
     producer = producers(graph)
     defined: set[Value] = set(graph.inputs)
@@ -111,32 +128,34 @@ def _verify(graph: Graph, region: bool) -> None:
         for v in node.operands():
             if v not in defined:
                 if v in producer and _reaches(producer[v], node, producer):
-                    fail("acyclic", node, "the node depends on its own result through a cycle")
-                later = "defined only later" if v in producer else "not defined in this graph"
+                    fail("acyclic", node, f"the node depends on its own result through a "
+                                          f"cycle, by its operand from {describe(producer[v])}")
+                later = f"defined only later, by {describe(producer[v])}," if v in producer \
+                    else "not defined in this graph"
                 fail("defined-before-use", node, f"an operand is {later}")
-        _check_node(node, fail, region)
+        _check_node(node, fail, region, lines)
         defined.update(node.outputs)
     for v in graph.returned():
         if v not in defined:
-            fail("defined-before-use", None, "the return uses a value not defined in this graph")
+            fail("defined-before-use", graph, "the return uses a value not defined in this graph")
     for v in graph.outputs:
         if isinstance(v.type, TokenType):
-            fail("types", None, f"the return gives the token {value_names(graph).get(v, '?')} "
-                                f"as data; a token orders, in after(...)")
+            fail("types", graph, f"the return gives the token {value_names(graph).get(v, '?')} "
+                                 f"as data; a token orders, in after(...)")
         if isinstance(v.type, RowsType):
-            fail("types", None, f"the return gives the row gradient "
-                                f"{value_names(graph).get(v, '?')}; return its parts "
-                                f"(rows_indices, rows_values) or densify it")
+            fail("types", graph, f"the return gives the row gradient "
+                                 f"{value_names(graph).get(v, '?')}; return its parts "
+                                 f"(rows_indices, rows_values) or densify it")
     if region:
         _check_body(graph, fail)
     else:
-        _check_writes(graph, fail)
-        _check_order(graph, fail)
-        _check_predicates(graph, fail)
+        _check_writes(graph, fail, describe)
+        _check_order(graph, fail, describe)
+        _check_predicates(graph, fail, describe)
     _check_uses(graph, fail)
 
 
-def _check_node(node: Node, fail: Fail, region: bool) -> None:
+def _check_node(node: Node, fail: Fail, region: bool, lines: Lines) -> None:
     op = REGISTRY.get(node.op)
     if op is None:
         fail("known-op", node, f"unknown op '{node.op}'")
@@ -160,7 +179,7 @@ def _check_node(node: Node, fail: Fail, region: bool) -> None:
             op.category not in (ELEMENTWISE, CONSTANT, REDUCTION):
         fail("kernel-body", node, f"{node.op} cannot be inside a kernel body")
     if node.body is not None:
-        _verify(node.body, region=True)
+        _verify(node.body, region=True, lines=lines)
     try:
         # A row reduction in a body is an element of its operand's type (the kernel checks
         # its axes against the spaces: kernel.infer_types).
@@ -189,7 +208,7 @@ def _check_node(node: Node, fail: Fail, region: bool) -> None:
 def _check_body(body: Graph, fail: Fail) -> None:
     for v in body.inputs:
         if v.kind != "arg" or v.type.shape != ():
-            fail("kernel-body", None, f"body input {v.name} must be an element (arg, shape [])")
+            fail("kernel-body", v, f"body input {v.name} must be an element (arg, shape [])")
     for n in body.nodes:
         if n.op == "constant" and n.out.type.shape != ():
             fail("kernel-body", n, "constants in a kernel body are scalars")
@@ -215,7 +234,7 @@ def _reaches(start: Node, target: Node, producer: dict[Value, Node]) -> bool:
     return False
 
 
-def _check_writes(graph: Graph, fail: Fail) -> None:
+def _check_writes(graph: Graph, fail: Fail, describe: Callable[[Node], str]) -> None:
     producer = producers(graph)
     index = {id(n): i for i, n in enumerate(graph.nodes)}
     params = set(graph.params)
@@ -231,7 +250,8 @@ def _check_writes(graph: Graph, fail: Fail) -> None:
                                      "this graph")
         if len(targets) != len(listed) or not targets.isdisjoint(writers):
             again = next(v for v in listed if v in writers or listed.count(v) > 1)
-            fail("one-assign", n, f"@{again.name} is written more than once")
+            first = f", first by {describe(writers[again])}," if again in writers else ""
+            fail("one-assign", n, f"@{again.name} is written more than once{first}")
         writers.update(dict.fromkeys(targets, n))
     # Only nodes that run count, the live ones (backends skip the rest): a pass may leave a
     # dead reader of @p behind for dce to remove (simplify's x*0 -> 0 orphans x).
@@ -253,11 +273,12 @@ def _check_writes(graph: Graph, fail: Fail) -> None:
         if unordered:
             r = unordered[0]
             target = next(v for v in r.inputs if writers.get(v) is w)
-            fail("write-after-read", r, f"this node reads @{target.name} but is not "
-                 f"ordered before the node that writes it (add it to that node's after(...))")
+            fail("write-after-read", r, f"this node reads @{target.name}, which "
+                 f"{describe(w)} writes, but is not ordered before that writer (add the "
+                 f"reader's result to the writer's after(...))")
 
 
-def _check_order(graph: Graph, fail: Fail) -> None:
+def _check_order(graph: Graph, fail: Fail, describe: Callable[[Node], str]) -> None:
     """Each ordered node depends on the one before it. One walk in graph order: `newest` is,
     for each value, the position among the ordered nodes of the newest one it depends on;
     a node depends on ordered node k-1 exactly when the newest among its operands' is k-1
@@ -273,7 +294,7 @@ def _check_order(graph: Graph, fail: Fail) -> None:
         if is_ordered:
             if chain and last != len(chain) - 1:
                 fail("collective-order", n, f"this ordered node does not depend on the "
-                     f"ordered node before it, {_describe(chain[-1], graph)}, by data or "
+                     f"ordered node before it, {describe(chain[-1])}, by data or "
                      f"after edges, and every rank must run them in one order: list that "
                      f"node's result in this one's after(...)")
             last = len(chain)
@@ -282,7 +303,7 @@ def _check_order(graph: Graph, fail: Fail) -> None:
             newest.update(zip(n.outputs, itertools.repeat(last)))
 
 
-def _check_predicates(graph: Graph, fail: Fail) -> None:
+def _check_predicates(graph: Graph, fail: Fail, describe: Callable[[Node], str]) -> None:
     """Every predicated collective's predicate is rank-independent. One walk in graph order:
     `local` maps each rank-dependent value to the input it depends on (for the message)."""
     if not any(REGISTRY[n.op].predicated for n in graph.nodes):
@@ -293,7 +314,7 @@ def _check_predicates(graph: Graph, fail: Fail) -> None:
         if op.predicated and n.inputs[-1] in local:
             source = local[n.inputs[-1]]
             what = (f"the step input %{source.name}" if source in graph.inputs else
-                    f"{_describe(source.node, graph)}, a rank's own value")
+                    f"{describe(source.node)}, a rank's own value")
             fail("collective-predicate", n, f"its predicate is computed from {what}, which "
                  f"may differ between the ranks: they would not communicate on the same runs. "
                  f"Compute it from Parameters, constants or all_reduced values")
