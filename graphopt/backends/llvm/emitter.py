@@ -12,10 +12,10 @@ Floating-point flags: none by default, so every +, -, *, /, sqrt, comparison, se
 rounds exactly as numpy's does (IEEE 754, one rounding per op; f16 and bf16 results are
 rounded after each op, as numpy does): an optimizer update gives the interpreter's bits.
 Not even `contract`: fusing a multiply-add would round once instead of twice, and these
-kernels are bound by memory, not by arithmetic. exp, log, log1p and tanh of f32 are inline
-polynomials (mathfns.py), within the few ulp docs/llvm.md states, with the same bits at every
-CPU level; of f64, and pow, sin and cos, they come from the C math library (numpy has its
-own; they may differ in the last bit). `fastmath=True` puts `fast` on every float
+kernels are bound by memory, not by arithmetic. exp, log, log1p and tanh of f32 and f64 are
+inline polynomials (mathfns.py), within the few ulp docs/llvm.md states, with the same bits at
+every CPU level; pow, sin and cos come from the C math library (numpy has its own; they may
+differ in the last bit). `fastmath=True` puts `fast` on every float
 instruction the emitter makes (not on mathfns's, whose rounding trick needs exact IEEE
 arithmetic).
 """
@@ -140,19 +140,9 @@ class Emitter:
         return self.math("log1p", x)
 
     def math(self, name: str, x):
-        """exp, log, log1p or tanh: f32 inline (mathfns.py: no call, so the loop vectorizes),
-        f64 from the C math library."""
-        if x.type == F32:
-            return mathfns.FUNCTIONS[name](self.b, x)
-        return self.libm(name, x)
-
-    def libm(self, name: str, x):
-        """A call to the C math library (resolved in this process when the code is loaded)."""
-        symbol = name if x.type == F64 else name + "f"
-        fn = self.module.globals.get(symbol)
-        if fn is None:
-            fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type]), symbol)
-        return self.b.call(fn, [x])
+        """exp, log, log1p or tanh of f32 or f64, inline (mathfns.py: no call, so the loop
+        vectorizes)."""
+        return mathfns.FUNCTIONS[name](self.b, x)
 
     def pow(self, x, y):
         if not _is_float(x):
