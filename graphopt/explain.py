@@ -6,7 +6,8 @@ prints, pass by pass, the statistics and a unified diff of the text IR (or "no c
 then every merge `fuse` or `hfuse` refused, with its reason: the outside path that would have
 made a cycle, the spaces that did not match, the reduction needed too early, the cost term;
 last, the statistics table, the collectives of the result with the bytes each sends (if it
-has any), and the target the LLVM backend would compile for. Nothing is compiled.
+has any), the target the LLVM backend would compile for and each kernel's vector width there.
+Nothing is compiled.
 (`graphopt opt --explain` prints the graph after the passes too.)
 """
 from __future__ import annotations
@@ -19,7 +20,7 @@ from typing import Any, Callable, Iterable, TextIO
 
 from .frontend.tracer import trace_function
 from .ir.graph import Graph, Value
-from .ir.printer import Namer, format_node
+from .ir.printer import Namer, format_node, value_names
 from .ir.registry import COLLECTIVE, CONSTANT
 from .passes import run
 from .passes.cost import bytes_sent
@@ -82,7 +83,29 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
     print_collectives(result.graph, out, result.names)
     from .backends.llvm.target import describe  # (loads llvmlite: only when explaining)
     print(f"=== llvm target: {describe()}", file=out)
+    print_vector_widths(result.graph, out, result.names)
     return result
+
+
+def print_vector_widths(graph: Graph, out: TextIO | None = None,
+                        names: dict[Value, str] | None = None) -> None:
+    """Print the vector width of each kernel's loop at the selected target (as the text form
+    names the kernel, keeping `names` as print_collectives does; backends/llvm/vectorwidth.py: what LLVM's vectorizer will choose, from
+    the target and the kernel's types; nothing is compiled); nothing for a graph without
+    kernels or when the target is refused (the line above says why)."""
+    from .backends.llvm.target import selected
+    from .backends.llvm.vectorwidth import kernel_vector_width
+    from .errors import TargetError
+    out = out or sys.stdout
+    try:
+        selected()
+    except TargetError:
+        return
+    names = value_names(graph, names)
+    for n in graph.nodes:
+        if n.op == "kernel":
+            print(f"=== vector width of {names[n.outputs[0]]} = kernel: "
+                  f"{kernel_vector_width(n)}", file=out)
 
 
 def _bucket_part(v: Any) -> str:

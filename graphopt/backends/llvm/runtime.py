@@ -23,7 +23,6 @@ import ctypes
 import math
 import operator
 import os
-import re
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -42,6 +41,7 @@ from . import engine, graphsink, memplan
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
 from .target import Target, selected
+from .vectorwidth import kernel_vector_width, widest_vector
 
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, a second thread costs more than it saves
 _pool: ThreadPoolExecutor | None = None
@@ -61,21 +61,6 @@ def _workers() -> ThreadPoolExecutor:
                                    thread_name_prefix="graphopt")
         _pool_pid = os.getpid()
     return _pool
-
-
-_VECTOR = re.compile(r"<(\d+) x (float|double|half|bfloat|i\d+)>")
-_BITS = {"float": 32, "double": 64, "half": 16, "bfloat": 16}
-
-
-def widest_vector(llvm_ir: str) -> str:
-    """The widest vector type in (optimised) LLVM IR, by bits, floats before integers of the
-    same width (`<8 x float>` with AVX2), or "none" where nothing was vectorized."""
-    best, name = (0, 0), "none"
-    for lanes, elem in sorted(set(_VECTOR.findall(llvm_ir))):
-        bits = int(lanes) * _BITS.get(elem, int(elem[1:]) if elem[0] == "i" else 0)
-        if (bits, elem in _BITS) > best:
-            best, name = (bits, elem in _BITS), f"<{lanes} x {elem}>"
-    return name
 
 
 @dataclass
@@ -451,7 +436,8 @@ class LLVMProgram:
         parts = []
         for k in self.kernels:
             text = show(k)
-            width = f", widest vector {widest_vector(text)}" if kind == "llvm" else ""
+            width = (f", vector width {kernel_vector_width(k.node, k.target)}, widest vector "
+                     f"{widest_vector(text)}" if kind == "llvm" else "")
             made = "cached" if k.cache_hit else f"compiled in {k.compile_seconds * 1e3:.1f} ms"
             parts.append(f"{comment} kernel {k.name} (cache key {k.key[:16]}, {made}{width})"
                          f"\n{text}")
