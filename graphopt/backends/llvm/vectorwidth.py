@@ -69,9 +69,9 @@ def _loop_dtypes(node: Node) -> list[DType]:
     body = node.body
     values = [v.dtype for v in body.inputs + [o for n in body.nodes for o in n.outputs]
               if isinstance(v.type, TensorType)]
+    kinds = node.attrs.get("outputs", ())  # (a row kernel has none)
     reductions = [(op, body.outputs[i].dtype) for i, (op, k) in
-                  enumerate(map(split_kind, node.attrs["outputs"]))
-                  if k is not None and op != ROW]
+                  enumerate(map(split_kind, kinds)) if k is not None and op != ROW]
     reductions += [(n.op, n.out.dtype) for n in body_reductions(body)]
     accumulators = [to_dtype("f64" if d.is_float else "i64") for op, d in reductions
                     if op != "max"]
