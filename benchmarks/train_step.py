@@ -111,9 +111,21 @@ CASE_DEFS = {
 
 
 def case_def(case: str) -> Case:
+    if case.endswith(TINY):
+        return tiny_twin(case_def(case[:-len(TINY)]))
     if case not in CASE_DEFS:
         raise SystemExit(f"unknown case {case!r}; known: {', '.join(CASES)}")
     return CASE_DEFS[case]
+
+
+TINY = "@tiny"  # a case's tiny twin: its step at shapes where the arithmetic costs nothing
+
+
+def tiny_twin(c: Case) -> Case:
+    """The same model (as many layers, the same ops) 8 wide, batch 2, sequence 4: its step's
+    time is the fixed cost of its nodes, Python's dispatch between them most of all."""
+    return Case(c.kind, f"{c.label} at tiny shapes", tuple(8 for _ in c.sizes[:-1]) +
+                c.sizes[-1:] if c.sizes else (), batch=2, vocab=16, seq=4, dim=8, hidden=16)
 
 
 def _linear(rng: np.random.Generator, params: dict, name: str, fan_in: int, fan_out: int
@@ -387,6 +399,24 @@ def replay_breakdown(exe, args: tuple, reps: int, slowest: int = 12) -> dict[str
     return out
 
 
+def python_overhead(case: str, reps: int) -> dict[str, float]:
+    """The step's Python overhead: its tiny twin's step (jit's call, checks and commit, the
+    runtime's node loop, numpy's and ctypes' calls on arrays of a few elements), the median
+    over 10x `reps` steps, per node of its program."""
+    info: dict[str, Any] = {}
+    step = setup_graphopt(case + TINY, info)
+    for _ in range(20):
+        step()
+    times = []
+    for _ in range(10 * reps):
+        s = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - s)
+    nodes = len(info["_exe"].program.nodes)
+    us = float(np.median(times) * 1e6)
+    return {"step_us": us, "nodes": nodes, "us_per_node": us / nodes}
+
+
 # -- workers (one subprocess each) -----------------------------------------------------------
 
 def worker_run(impl: str, case: str, quick: bool) -> dict:
@@ -408,6 +438,7 @@ def worker_run(impl: str, case: str, quick: bool) -> dict:
     if exe is not None:
         info["kernel_runs_per_step"] = sum(k.calls for k in exe.kernels) / len(losses)
         info["breakdown"] = replay_breakdown(exe, args, 3 if quick else 10)
+        info["overhead"] = python_overhead(case, reps)
     return {"impl": impl, "case": case, "ms": ms, "min_ms": float(np.min(times) * 1e3),
             "reps": reps, "warmup": warmup, "steps": len(losses), "first_call_s": first_call,
             "loss": losses[-1], "losses": losses, "peak_rss_mb": peak_rss_mb(),
@@ -533,7 +564,7 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
     fixed = ["matmul (numpy)", "kernels (LLVM)", "kernels run by numpy (no lowering)"]
     kinds = [k for k in fixed if k in kinds] + sorted(k for k in kinds if k not in fixed)
     brk = ["| case | step (ms) | " + " | ".join(kinds) + " | replay total | Python "
-           "around the nodes |", "|---" * (len(kinds) + 4) + "|"]
+           "around the nodes | Python overhead per node |", "|---" * (len(kinds) + 5) + "|"]
     brk_txt = []
     slow = ["| case | node | kind | ms |", "|---|---|---|---|"]
     for case in cases:
@@ -552,11 +583,16 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
             if k not in b:
                 return "—"
             return f"{fmt_ms(b[k]['ms'])} ({b[k]['nodes']}; {b[k]['ms'] / r['ms']:.0%})"
+        o = r.get("overhead")  # (a results file of an older run has none)
+        per_node = (f"{o['us_per_node']:.1f} µs ({o['nodes']} nodes, {o['step_us']:.0f} µs)"
+                    if o else "—")
         brk.append(f"| {case} | {fmt_ms(r['ms'])} | " + " | ".join(cell(k) for k in kinds)
-                   + f" | {fmt_ms(total)} | {fmt_ms(rest)} ({rest / r['ms']:.0%}) |")
+                   + f" | {fmt_ms(total)} | {fmt_ms(rest)} ({rest / r['ms']:.0%}) | "
+                   f"{per_node} |")
         brk_txt.append(f"{case}: step {fmt_ms(r['ms'])} ms = " + ", ".join(
             f"{k} {fmt_ms(b[k]['ms'])}" for k in kinds if k in b)
-            + f", Python around the nodes {fmt_ms(rest)}")
+            + f", Python around the nodes {fmt_ms(rest)}"
+            + (f"; Python overhead: {o['us_per_node']:.1f} µs per node" if o else ""))
         brk_rows += [f"- {case}: {fb}" for fb in r["fallbacks"]]
         slow += [f"| {case} | {n['node'].replace('|', '/')} | {n['kind']} | "
                  f"{fmt_ms(n['ms'])} |" for n in b.get("slowest", [])]
@@ -597,7 +633,10 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
            "the step). `Python around the nodes` is the step's time less the replay's: "
            "jit's argument flattening and checks, the runtime's loop, the commit of the "
            "new parameter values (a negative value: the step ran faster than its replay, "
-           "noise).", "", *brk, "",
+           "noise). `Python overhead per node`: the same step at tiny shapes (8 wide, batch "
+           "2, sequence 4: the arithmetic costs nothing), its median step time over its nodes "
+           "(in parentheses: their number and the step's time): what each node costs in "
+           "Python, numpy's and ctypes' calls included.", "", *brk, "",
            *(["Nodes numpy runs because their op has no LLVM lowering:", "", *brk_rows, ""]
              if brk_rows else []),
            "The slowest nodes of the replay (median ms per step; a kernel by its name and "

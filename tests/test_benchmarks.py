@@ -55,6 +55,9 @@ def test_train_step_benchmark_quick(tmp_path):
     assert len(losses) == r["steps"] > 2 and all(map(math.isfinite, losses))
     assert losses[-1] < losses[0]
     assert r["breakdown"]["matmul (numpy)"]["nodes"] > 0
+    o = r["overhead"]  # the tiny twin's step, per node
+    assert o["nodes"] > 0 and o["us_per_node"] == pytest.approx(o["step_us"] / o["nodes"])
+    assert "Python overhead per node" in md
 
 
 def test_collective_wait_benchmark_quick(tmp_path):

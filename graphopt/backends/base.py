@@ -7,7 +7,7 @@ and report a failing one the same way.
 """
 from __future__ import annotations
 
-from typing import Any, Collection, Mapping, Protocol, Sequence
+from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 
 import numpy as np
 
@@ -63,6 +63,56 @@ class NativeNode(Protocol):
     def run_in(self, env: dict[Value, Any]) -> list[Any]: ...
 
 
+class _StoredRoots:
+    """Whether an array views a stored parameter's memory; the parameters' roots are worked
+    out at the first question of a step (most steps ask none: fresh results own memory)."""
+
+    __slots__ = ("env", "ids", "stored")
+
+    def __init__(self, stored: tuple[Value, ...], env: dict[Value, Any]):
+        self.stored, self.env, self.ids = stored, env, None
+
+    def __contains__(self, a: np.ndarray) -> bool:
+        if self.ids is None:
+            self.ids = {id(root(self.env[v])) for v in self.stored if v in self.env}
+        return id(root(a)) in self.ids
+
+
+Step = Callable[[dict, dict, _StoredRoots], None]  # (env, updates, stored parameters' roots)
+
+
+class NodeLoop:
+    """Nodes made ready to run, once: each becomes a closure that holds its op's function,
+    attributes and operands (no registry lookup, no dict of attributes, no isinstance chain
+    at every step), and a step runs the closures in order (see run_nodes for what they do).
+
+    `native`: node id -> the compiled node that runs instead of numpy. `stored`: parameters
+    written in place while the nodes run; `keep`: the values read once a store may have run.
+    A numpy result in `keep` that views a stored parameter is copied when made, so it keeps
+    the value it was made from. `into`: the planned buffer of each value a numpy node
+    computes into (registry.evaluate_into) instead of allocating."""
+
+    def __init__(self, nodes: Sequence[Node], *,
+                 native: Mapping[int, NativeNode] | None = None,
+                 stored: Collection[Value] = (), keep: Collection[Value] = (),
+                 into: Mapping[Value, np.ndarray] | None = None):
+        self.stored = tuple(stored)
+        keep = set(keep) if self.stored else set()
+        self.steps = [_step(n, (native or {}).get(id(n)), keep, into or {}) for n in nodes]
+
+    def __call__(self, env: dict[Value, Any], steps: slice = slice(None)
+                 ) -> dict[str, np.ndarray]:
+        """Run the steps (all, or a slice of them) on `env`; the new value of each assigned
+        parameter (committed by the caller once the whole graph has run)."""
+        updates: dict[str, np.ndarray] = {}
+        roots = _StoredRoots(self.stored, env)
+        # NaN and Inf are values a training step works with (loss scaling looks for them).
+        with np.errstate(all="ignore"):
+            for step in self.steps[steps]:
+                step(env, updates, roots)
+        return updates
+
+
 def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
               native: Mapping[int, NativeNode] | None = None,
               stored: Collection[Value] = (), keep: Collection[Value] = (),
@@ -70,50 +120,66 @@ def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
     """Run the nodes in order on `env`, the graph's inputs, adding the values they make;
     return the new value of each assigned parameter (assigns and numpy-run kernels' stores
     are only collected: the caller commits them after the whole graph has run, so a step
-    that fails part-way changes no Parameter).
-
-    `native`: node id -> the compiled node that runs instead of numpy. `stored`: parameters
-    written in place while the nodes run; `keep`: the values read once a store may have run.
-    A numpy result in `keep` that views a stored parameter is copied when made, so it keeps
-    the value it was made from. `into`: the planned buffer of each value a numpy node
-    computes into (registry.evaluate_into) instead of allocating."""
-    updates: dict[str, np.ndarray] = {}
-    roots = {id(root(env[v])) for v in stored if v in env}
-    # NaN and Inf are values a training step works with (loss scaling looks for them).
-    with np.errstate(all="ignore"):
-        for node in nodes:
-            if node.opdef.has_effect:  # an assign (a store is only ever in a kernel body)
-                updates[node.inputs[0].name] = env[node.inputs[1]]
-                env[node.out] = None  # a token carries no data
-                continue
-            compiled = native.get(id(node)) if native else None
-            if compiled is not None:
-                env.update(zip(node.outputs, compiled.run_in(env)))
-                continue
-            buffer = into.get(node.outputs[0]) if into and node.outputs else None
-            results = _numpy(node, [env[v] for v in node.inputs], updates, out=buffer)
-            for v, r in zip(node.outputs, results):
-                env[v] = r.copy() if roots and v in keep and isinstance(r, np.ndarray) \
-                    and id(root(r)) in roots else r
-    return updates
+    that fails part-way changes no Parameter). The arguments are NodeLoop's; a program that
+    runs its nodes every step makes the NodeLoop once instead."""
+    return NodeLoop(nodes, native=native, stored=stored, keep=keep, into=into)(env)
 
 
-def _numpy(node: Node, args: list[Any], updates: dict[str, np.ndarray],
-           fused: bool = False, out: np.ndarray | None = None) -> Any:
-    """A node's numpy semantics (a kernel's stores go into `updates`; `fused`: a node of a
-    kernel's body, one result; `out`: the array to compute the one result into), with
-    numpy's own exception (an integer to a negative power, a MemoryError) as the
-    ExecutionError that says which node failed, and where."""
-    try:
-        if fused:  # on whole arrays: the numpy function of the unfused op
-            return evaluate_element(node.opdef, args, node.attrs, node.outputs[0].type)
-        if out is not None:
-            return [evaluate_into(node.opdef, args, node.attrs, out)]
-        if node.body is None:
-            return evaluate(node.opdef, args, node.attrs, [v.type for v in node.outputs])
+def _step(node: Node, compiled: NativeNode | None, keep: set[Value],
+          into: Mapping[Value, np.ndarray]) -> Step:
+    """The closure that runs one node: an assign's collection, a compiled node's call, or the
+    op's numpy function (into its planned buffer where it has one)."""
+    op, ins, outs, attrs = node.opdef, tuple(node.inputs), tuple(node.outputs), node.attrs
+    if op.has_effect:  # an assign (a store is only ever in a kernel body)
+        name, source, token = ins[0].name, ins[1], node.out
+
+        def assign(env, updates, roots):
+            updates[name] = env[source]
+            env[token] = None  # a token carries no data
+        return assign
+    if compiled is not None:
+        run_in = compiled.run_in
+
+        def native(env, updates, roots):
+            env.update(zip(outs, run_in(env)))
+        return native
+    buffer = into.get(outs[0]) if outs else None
+    if buffer is not None:  # a planned buffer never views a parameter: nothing to keep
+        out = outs[0]
+
+        def planned(env, updates, roots):
+            env[out] = _guarded(node, evaluate_into, op, [env[v] for v in ins], attrs, buffer)
+        return planned
+    kept = [v for v in outs if v in keep]
+    types = [v.type for v in outs]
+    body = node.body is not None
+
+    def numpy(env, updates, roots):
+        args = [env[v] for v in ins]
+        env.update(zip(outs, _kernel(node, args, updates) if body else
+                       _guarded(node, evaluate, op, args, attrs, types)))
+        for v in kept:
+            r = env[v]
+            if isinstance(r, np.ndarray) and r.base is not None and r in roots:
+                env[v] = r.copy()
+    return numpy
+
+
+def _kernel(node: Node, args: list[Any], updates: dict[str, np.ndarray]) -> list[Any]:
+    """A kernel numpy runs, body node by body node (its stores go into `updates`)."""
+    def run() -> list[Any]:
         results, writes = kernel.run(node, args, _fused)
         updates.update((target.name, a) for target, a in writes)
         return results + [None] * (len(node.outputs) - len(results))  # the token
+    return _guarded(node, run)
+
+
+def _guarded(node: Node, compute: Callable[..., Any], *args: Any, fused: bool = False) -> Any:
+    """compute(*args), with numpy's own exception (an integer to a negative power, a
+    MemoryError) as the ExecutionError that says which node failed, and where (`fused`: a
+    node of a kernel's body)."""
+    try:
+        return compute(*args)
     except GraphoptError:
         raise
     except Exception as e:
@@ -123,7 +189,9 @@ def _numpy(node: Node, args: list[Any], updates: dict[str, np.ndarray],
 
 
 def _fused(n: Node, arrays: list[Any]) -> np.ndarray:
-    return _numpy(n, arrays, {}, fused=True)
+    """A node of a kernel's body on whole arrays: the numpy function of the unfused op."""
+    return _guarded(n, evaluate_element, n.opdef, arrays, n.attrs, n.outputs[0].type,
+                    fused=True)
 
 
 def root(a: np.ndarray) -> np.ndarray:

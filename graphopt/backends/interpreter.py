@@ -13,7 +13,7 @@ import numpy as np
 
 from ..ir.analysis import run_order
 from ..ir.graph import Graph, Node, Value
-from .base import run_nodes
+from .base import NodeLoop, run_nodes
 
 
 def run(graph: Graph, inputs: dict[Value, np.ndarray],
@@ -32,11 +32,14 @@ class InterpreterProgram:
         self.graph = graph
         self.nodes = run_order(graph)
         self.kernels: list = []
+        self._loop = NodeLoop(self.nodes)  # the nodes' closures, made once
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
                                                             dict[str, np.ndarray]]:
         """The graph's outputs, and the new value of each assigned parameter (see `run`)."""
-        return run(self.graph, inputs, self.nodes)
+        env: dict[Value, object] = dict(inputs)
+        updates = self._loop(env)
+        return [env[v] for v in self.graph.outputs], updates
 
 
 def target() -> str:

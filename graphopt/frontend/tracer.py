@@ -34,12 +34,21 @@ class Traced:
 # Step functions' signatures, each worked out once (inspect.signature costs more than a
 # step's checks). Keyed weakly: a step function closes over its Parameters and optimizer, so
 # a strong key (an lru_cache's) kept every step's weights and state alive after its last use.
-_SIGNATURES: weakref.WeakKeyDictionary[Callable, inspect.Signature | None] = \
+_SIGNATURES: weakref.WeakKeyDictionary[Callable, tuple[inspect.Signature | None,
+                                                     tuple[str, ...] | None]] = \
     weakref.WeakKeyDictionary()
 
 
 def _signature(fn: Callable) -> inspect.Signature | None:
     """fn's signature (None where inspect finds none), cached while fn lives."""
+    return _signature_and_names(fn)[0]
+
+
+def _signature_and_names(fn: Callable) -> tuple[inspect.Signature | None,
+                                                tuple[str, ...] | None]:
+    """fn's signature, and its parameters' names when every one is a plain positional or
+    keyword parameter with no default (a call with that many positional arguments binds
+    them in order: what a step called every iteration usually is)."""
     try:
         return _SIGNATURES[fn]
     except KeyError:
@@ -50,14 +59,19 @@ def _signature(fn: Callable) -> inspect.Signature | None:
         sig = inspect.signature(fn)
     except (TypeError, ValueError):
         sig = None
+    plain = sig is not None and all(p.kind is p.POSITIONAL_OR_KEYWORD and p.default is p.empty
+                                    for p in sig.parameters.values())
+    entry = sig, (tuple(sig.parameters) if plain else None)
     if cacheable:
-        _SIGNATURES[fn] = sig
-    return sig
+        _SIGNATURES[fn] = entry
+    return entry
 
 
 def bind_arguments(fn: Callable, args: tuple, kwargs: dict) -> dict[str, Any]:
     """The call's arguments by parameter name, as Python would bind them."""
-    sig = _signature(fn)
+    sig, names = _signature_and_names(fn)
+    if names is not None and not kwargs and len(args) == len(names):
+        return dict(zip(names, args))  # what sig.bind gives, five times quicker
     if sig is None:
         return {f"arg{i}": a for i, a in enumerate(args)} | kwargs
     try:

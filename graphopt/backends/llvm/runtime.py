@@ -36,7 +36,7 @@ from ...ir.analysis import run_order, view_source
 from ...ir.graph import Graph, Node, Value
 from ...ir.registry import writes_into
 from ...ir.types import TensorType, contiguous_strides
-from ..base import run_nodes
+from ..base import NodeLoop
 from . import engine, graphsink, memplan
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
@@ -168,7 +168,7 @@ class NativeKernel:
         # A row kernel's rows come first: the call reads their indices (coalesce made them
         # contiguous int64).
         self._lead = kernel_ir.layout(node).lead
-        self._unchecked = [i for i, v in enumerate(self.sources)
+        self._unchecked = [(i, v, v.dtype.np_dtype) for i, v in enumerate(self.sources)
                            if (not v.is_input or i in self.views) and i >= self._lead]
         self._elements = sum(math.prod(space) for space in node.attrs["spaces"])
         # Reduction blocks' partial results: one buffer per kernel, reused every call, made
@@ -182,7 +182,7 @@ class NativeKernel:
         """Write the outputs into these buffers of the memory plan, every call: their
         pointers go into the table once, and no call allocates."""
         # Operands in the plan are contiguous and aligned by construction: no check per call.
-        self._unchecked = [i for i in self._unchecked if self.sources[i] not in buffers]
+        self._unchecked = [c for c in self._unchecked if c[1] not in buffers]
         outputs = self.node.outputs
         per = len(self.node.body.outputs)
         if not per:
@@ -215,12 +215,13 @@ class NativeKernel:
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         rows = self.prepare(arrays)
         ranges = self.splits()
+        partials = self._partials_ptr
         if len(ranges) == 1:
-            self.fn(ranges[0][0], ranges[0][1], self._args, self._partials_ptr)
+            self.fn(ranges[0][0], ranges[0][1], self._args, partials)
         else:  # the other threads first, then this one; ctypes releases the GIL
-            futures = [_workers().submit(self.fn, lo, hi, self._args, self._partials_ptr)
+            futures = [_workers().submit(self.fn, lo, hi, self._args, partials)
                        for lo, hi in ranges[1:]]
-            self.fn(ranges[0][0], ranges[0][1], self._args, self._partials_ptr)
+            self.fn(ranges[0][0], ranges[0][1], self._args, partials)
             for f in futures:
                 f.result()
         return self.finish(rows)
@@ -236,8 +237,11 @@ class NativeKernel:
         arrays = [env[v] for v in self.sources]
         for i in range(self._lead):
             arrays[i] = arrays[i].indices
-        for i in self._unchecked:
-            arrays[i] = _contiguous(arrays[i], self.sources[i])
+        for i, v, dtype in self._unchecked:
+            a = arrays[i]
+            flags = a.flags if type(a) is np.ndarray else None
+            if flags is None or not (flags.c_contiguous and flags.aligned) or a.dtype != dtype:
+                arrays[i] = _contiguous(a, v)
         return arrays
 
     def prepare(self, arrays: list[np.ndarray]) -> list[list[np.ndarray | None]]:
@@ -381,9 +385,12 @@ class LLVMProgram:
         self.needs_backup = bool(self.backed_up)
         self._partials_made = False  # (kernels called one by one: made by the first step)
         self._threads = threads()
-        # How base.run_nodes runs these nodes (one step, or one node at a time to time them).
-        self._loop = dict(native=self.native, stored=self.stored if self.read_late else (),
-                          keep=self.read_late, into=self.buffers)
+        # The numpy nodes and kernel calls as closures, made once (base.NodeLoop).
+        self._loop = NodeLoop(self.nodes, native=self.native,
+                              stored=self.stored if self.read_late else (),
+                              keep=self.read_late, into=self.buffers)
+        # Outputs that are stored parameters themselves keep their value from before the step.
+        self._early = [v for v in graph.outputs if v in self.stored]
 
     def _reads(self, node: Node) -> list[Value]:
         k = self.native.get(id(node))
@@ -456,7 +463,7 @@ class LLVMProgram:
                 k.threads = n
             self._threads = n
         # An output that is a stored parameter itself keeps its value from before the step.
-        early = {v: inputs[v].copy() for v in self.graph.outputs if v in self.stored}
+        early = {v: inputs[v].copy() for v in self._early}
         if self.sink:
             self._run_sink(env)
             return [early.get(v, env[v]) for v in self.graph.outputs], {}
@@ -466,7 +473,7 @@ class LLVMProgram:
             self._partials_made = True
         backups = {v: inputs[v].copy() for v in self.backed_up}
         try:
-            updates = run_nodes(self.nodes, env, **self._loop)
+            updates = self._loop(env)
         except BaseException:
             for v, saved in backups.items():
                 np.copyto(inputs[v], saved)
@@ -479,9 +486,9 @@ class LLVMProgram:
         nothing is committed. What a whole step takes beyond their sum is the loop's cost."""
         env: dict[Value, object] = dict(inputs)
         times = []
-        for node in self.nodes:
+        for i in range(len(self.nodes)):
             start = time.perf_counter()
-            run_nodes([node], env, **self._loop)
+            self._loop(env, slice(i, i + 1))
             times.append(time.perf_counter() - start)
         return times
 
@@ -599,7 +606,7 @@ def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph,
     runs, by the lifetimes the memory plan uses (memplan.lifetimes: a view's readers count as
     its base's; returned and assigned values are read at the end, the commit). Only these
     can see a store through a view, so only these are copied when they view a stored
-    parameter (base.run_nodes checks what they view as they are made)."""
+    parameter (base.NodeLoop checks what they view as they are made)."""
     first = _first_store(nodes, native)
     if first is None:
         return set()
