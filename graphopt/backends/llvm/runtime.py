@@ -107,6 +107,17 @@ class NativeKernel:
         """The optimised LLVM IR (made again when the object code came from the cache)."""
         return self.optimized_ir or str(engine.optimize(self.module, self.target))
 
+    @property
+    def threads(self) -> int:
+        return self._threads
+
+    @threads.setter
+    def threads(self, n: int) -> None:
+        """The thread count (the program sets it from GRAPHOPT_THREADS once a step); a call's
+        unit ranges are worked out when it changes, not at every call."""
+        self._threads = n
+        self._ranges = self.splits()
+
     def splits(self) -> list[tuple[int, int]]:
         """Unit ranges, one per thread (of `self.threads`, which the program sets from
         GRAPHOPT_THREADS once a step); reductions split only at block edges."""
@@ -214,8 +225,7 @@ class NativeKernel:
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         rows = self.prepare(arrays)
-        ranges = self.splits()
-        partials = self._partials_ptr
+        ranges, partials = self._ranges, self._partials_ptr
         if len(ranges) == 1:
             self.fn(ranges[0][0], ranges[0][1], self._args, partials)
         else:  # the other threads first, then this one; ctypes releases the GIL
