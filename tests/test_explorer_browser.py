@@ -121,6 +121,10 @@ def test_a_node_in_the_drawing_shows_its_details_and_edges(driver, gir_page):
                 if g.find_element("css selector", "title").get_attribute("textContent") == "n2")
     node.click()
     assert "%2 = add" in _text(driver, "#details h3")
+    # Coloured by category, as the legend and the details' badge say.
+    color = driver.execute_script("return nodesOf(state.snapshot).byId.get('n2').color")
+    assert node.find_element("css selector", "path, polygon").get_attribute("fill") == color
+    assert "elementwise" in _text(driver, "#legend")
     assert "model.py:5" in _text(driver, "#details .source")
     reads = _text(driver, "#details dl")
     assert "%0 = exp" in reads and "%1 = exp" in reads

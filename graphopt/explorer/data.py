@@ -21,6 +21,7 @@ from collections.abc import Iterable
 from typing import Any
 
 from ..errors import GraphoptError
+from ..ir.export import PARAM_FILL, op_color
 from ..ir.graph import Graph, Node, Value
 from ..ir.kernel import cost, written
 from ..ir.liveness import memory_report
@@ -154,7 +155,7 @@ class _Drawing:
                           f"{MAX_DRAWN}, too many to lay out and read")
         from ..ir.export import render
         try:
-            text = render(graph, "svg").decode("utf-8")
+            text = render(graph, "svg", by_category=True).decode("utf-8")
         except GraphoptError as e:
             return None, f"not drawn: {e}"
         return text[text.find("<svg"):], ""  # (without the XML prologue and doctype)
@@ -181,6 +182,7 @@ def _nodes(graph: Graph, locs: _Locations) -> list[dict[str, Any]]:
     for k, v in enumerate(graph.inputs):
         ids[v] = f"in{k}"
         entries.append({"id": ids[v], "name": name.define(v), "op": v.kind, "cat": v.kind,
+                        "color": PARAM_FILL if v.is_param else "#ffffff",
                         "type": str(v.type), "attrs": "", "line": f"{v.kind} {name(v)}: {v.type}",
                         "locs": [], "ins": [], "after": [], "writes": []})
     for k, node in enumerate(graph.nodes):
@@ -189,11 +191,13 @@ def _nodes(graph: Graph, locs: _Locations) -> list[dict[str, Any]]:
             ids[v] = f"n{k}"
         entries.append({"id": f"n{k}", "name": ", ".join(name(v) for v in node.outputs),
                         "op": node.op, "cat": node.opdef.category,
+                        "color": op_color(node.opdef.category),
                         "type": ", ".join(str(v.type) for v in node.outputs),
                         "attrs": format_attrs(node), "line": line,
                         "locs": _node_locs(node, locs), "ins": _ids(node.inputs, ids),
                         "after": _ids(node.after, ids), "writes": _ids(_writes(node), ids)})
     entries.append({"id": "return", "name": "return", "op": "return", "cat": "return",
+                    "color": "#ffffff",
                     "type": ", ".join(str(v.type) for v in graph.outputs), "attrs": "",
                     "line": "return", "locs": [], "ins": _ids(graph.outputs, ids),
                     "after": _ids(graph.effects, ids), "writes": []})

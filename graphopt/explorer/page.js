@@ -41,15 +41,6 @@ function openTab(name) {
   for (const t of document.querySelectorAll(".tab")) t.classList.toggle("active", t.id === name);
 }
 
-// A stable colour per op category (the same hash on every page and machine).
-const PALETTE = ["#a6cee3", "#b2df8a", "#fdbf6f", "#cab2d6", "#ffff99", "#8dd3c7", "#bebada",
-  "#e5d8bd", "#80b1d3", "#fccde5", "#d9d9d9", "#ccebc5"];
-function color(category) {
-  let h = 0;
-  for (const c of category) h = (h * 31 + c.charCodeAt(0)) >>> 0;
-  return PALETTE[h % PALETTE.length];
-}
-
 // -- the snapshot's nodes, indexed once per snapshot ------------------------------------------
 const indexes = new Map();
 function nodesOf(snapshot) {
@@ -154,8 +145,9 @@ function renderGraph() {
   const box = show("graph", el("h3", {}, `graph ${s.label}`));
   if (!s.svg) { box.append(el("p", { class: "note", id: "no-drawing" }, s.svg_note)); return; }
   box.append(el("p", { class: "note" }, "Data edges are solid, after and effect edges " +
-    "dashed; parameters are cylinders, assigns red, kernels clusters of their body. Click a " +
-    "node for its details; hovering highlights its edges."));
+    "dashed; parameters are cylinders, assigns red, kernels clusters of their body; a node's " +
+    "colour is its op's category. Click a node for its details; hovering highlights its edges."),
+    legend(s));
   const holder = el("div", { id: "drawing" });
   holder.innerHTML = s.svg;  // made by graphviz from the data: labels are escaped by dot
   box.append(el("button", { onclick: () => holder.classList.toggle("actual") },
@@ -169,6 +161,14 @@ function renderGraph() {
     if (g) highlightEdges(drawnId(g));
   });
   markPath();
+}
+// The op categories of the snapshot, each in its colour (the drawing's).
+function legend(snapshot) {
+  const seen = new Map();
+  for (const n of snapshot.nodes)
+    if (!["param", "arg", "return", "effect"].includes(n.cat)) seen.set(n.cat, n.color);
+  return el("p", { id: "legend" }, ...[...seen].sort().map(([cat, c]) =>
+    el("span", { class: "legend" }, el("span", { class: "badge", style: `background:${c}` }), cat)));
 }
 // The node's id in the drawing: its title, which graphviz writes from the DOT node's name.
 function drawnId(g) {
@@ -196,7 +196,7 @@ function selectNode(id) {
   const uses = users.get(id) || [];
   const list = ids => ids.length ? el("span", {}, ...ids.flatMap((u, i) =>
     i ? [", ", nodeLink(u)] : [nodeLink(u)])) : "none";
-  const parts = [el("h3", {}, el("span", { class: "badge", style: `background:${color(n.cat)}` }),
+  const parts = [el("h3", {}, el("span", { class: "badge", style: `background:${n.color}` }),
                     `${n.name} = ${n.op}`),
     el("pre", {}, n.line),
     el("dl", {}, el("dt", {}, "op"), el("dd", {}, `${n.op} (${n.cat})`),

@@ -6,7 +6,8 @@ so a node in a picture or a key in networkx can be found in `print(graph)` and b
 Drawing conventions (DOT):
   - parameters are yellow cylinders `@name`, arguments plain ellipses `%name`;
   - each node is a box coloured by its op (a fixed palette indexed by crc32 of the op name,
-    so colours are the same across runs and machines);
+    so colours are the same across runs and machines), or by its op's category
+    (`to_dot(graph, by_category=True)`: the explorer's drawings);
   - data edges are solid; `after` edges and the return's effect edges are dashed, since they
     carry an order and no data;
   - an `assign` is a bold red box with a dashed red "writes" edge back to its parameter (a
@@ -46,6 +47,7 @@ RENDER_FORMATS = ("svg", "png", "pdf")
 COLLECTIVE_STYLE = dict(shape="hexagon", style="filled,bold", fillcolor="#c6dbef",
                         color="#08519c", penwidth="2")
 TEXT_FORMATS = ("gir", "txt", "dot", "gv")
+PARAM_FILL = "#fff2a8"  # parameters' cylinders
 
 
 def op_color(op: str) -> str:
@@ -58,24 +60,26 @@ def _cut(text: str, limit: int = MAX_LABEL) -> str:
 
 
 # -- graphviz ---------------------------------------------------------------------------------
-def to_dot(graph: Graph) -> graphviz.Digraph:
+def to_dot(graph: Graph, by_category: bool = False) -> graphviz.Digraph:
     """A graphviz drawing of the graph. Parameters are yellow cylinders, arguments
-    ellipses, nodes boxes coloured by op; data edges are solid, ordering edges dashed; an
-    assign (or a kernel that stores) is a bold red box with a dashed red edge to its
-    parameter; a collective is a blue hexagon; a kernel is a cluster of its body's nodes."""
+    ellipses, nodes boxes coloured by op (by its category with `by_category`); data edges
+    are solid, ordering edges dashed; an assign (or a kernel that stores) is a bold red box
+    with a dashed red edge to its parameter; a collective is a blue hexagon; a kernel is a
+    cluster of its body's nodes."""
     import graphviz  # imported when drawing: `import graphopt` stays quick
     dot = graphviz.Digraph(name=graph.name)
     dot.attr(label=f"graph {graph.name}", labelloc="t", fontname="Helvetica")
     dot.attr("node", fontname="Helvetica", fontsize="11")
     dot.attr("edge", fontname="Helvetica", fontsize="9", labeldistance="1.8")
-    _draw_region(dot, graph, prefix="", top=True)
+    _draw_region(dot, graph, prefix="", top=True, by_category=by_category)
     return dot
 
 
-def _draw_region(dot: graphviz.Digraph, graph: Graph, prefix: str, top: bool) -> None:
+def _draw_region(dot: graphviz.Digraph, graph: Graph, prefix: str, top: bool,
+                 by_category: bool) -> None:
     """Draw inputs, nodes and return of `graph` into `dot`; ids start with `prefix` so that
     nested regions (kernel bodies) never clash with the graph around them."""
-    region = _Region(dot, prefix)
+    region = _Region(dot, prefix, by_category)
     for k, v in enumerate(graph.inputs):
         region.input(k, v)
     for k, node in enumerate(graph.nodes):
@@ -87,8 +91,8 @@ class _Region:
     """One region being drawn: its names (as when printed alone) and the graphviz node that
     defines each value."""
 
-    def __init__(self, dot: graphviz.Digraph, prefix: str):
-        self.dot, self.prefix = dot, prefix
+    def __init__(self, dot: graphviz.Digraph, prefix: str, by_category: bool = False):
+        self.dot, self.prefix, self.by_category = dot, prefix, by_category
         self.name = Namer()
         self.ids: dict[Value, str] = {}
 
@@ -112,7 +116,7 @@ class _Region:
         label = f"{self.name.define(v)}{NL}{v.type}"
         if v.is_param:
             self.dot.node(self.ids[v], label, shape="cylinder", style="filled",
-                          fillcolor="#fff2a8")
+                          fillcolor=PARAM_FILL)
         else:
             self.dot.node(self.ids[v], label, shape="ellipse")
 
@@ -129,9 +133,9 @@ class _Region:
             label = _cut(f"{results} = {node.op}" if results else node.op)
             extra = format_attrs(node)
             label += (NL + _cut(extra) if extra else "") + NL + _cut(types)
-            style = dict(shape="box", style="filled,rounded", fillcolor=op_color(node.op),
-                         tooltip=tooltip)
             op = REGISTRY.get(node.op)  # (a broken graph may name an unknown op: draw it)
+            fill = op_color(op.category if self.by_category and op is not None else node.op)
+            style = dict(shape="box", style="filled,rounded", fillcolor=fill, tooltip=tooltip)
             if op is not None and op.category == COLLECTIVE:
                 style.update(COLLECTIVE_STYLE)
             if node.body is not None:
@@ -139,7 +143,8 @@ class _Region:
                 with self.dot.subgraph(name=f"cluster_{nid}") as sub:
                     sub.attr(label=f"{node.op} {results}", style="rounded,dashed")
                     sub.node(nid, label, **style)
-                    _draw_region(sub, node.body, prefix=f"{nid}_", top=False)
+                    _draw_region(sub, node.body, prefix=f"{nid}_", top=False,
+                                 by_category=self.by_category)
                     for b in range(len(node.body.inputs)):  # keep the node's box on top
                         sub.edge(nid, f"{nid}_in{b}", style="invis")
             else:
@@ -249,10 +254,10 @@ def dump(graph: Graph, path: str | Path) -> Path:
     return path
 
 
-def render(graph: Graph, fmt: str) -> bytes:
+def render(graph: Graph, fmt: str, by_category: bool = False) -> bytes:
     """The drawing of the graph in one of RENDER_FORMATS, made by the Graphviz `dot` program
-    (a RenderError says how to install it when it is missing)."""
-    return _render(to_dot(graph), fmt)
+    (a RenderError says how to install it when it is missing); `by_category`: as `to_dot`."""
+    return _render(to_dot(graph, by_category), fmt)
 
 
 def _render(dot: graphviz.Digraph, fmt: str) -> bytes:
