@@ -13,7 +13,8 @@ import yaml
 API_DOCS = Path(__file__).parent.parent / "docs" / "api"
 MODULES = ["graphopt", "graphopt.ops", "graphopt.optim", "graphopt.optim.schedules",
            "graphopt.amp", "graphopt.passes", "graphopt.compile", "graphopt.autodiff",
-           "graphopt.ir", "graphopt.errors", "graphopt.backends", "graphopt.distributed"]
+           "graphopt.ir", "graphopt.errors", "graphopt.backends", "graphopt.distributed",
+           "graphopt.explorer"]
 DIRECTIVE = re.compile(r"^::: ([\w.]+)[ \t]*\n((?:(?:[ \t]{4}.*)?\n)*)", re.M)
 
 
