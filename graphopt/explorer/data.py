@@ -181,27 +181,34 @@ def _nodes(graph: Graph, locs: _Locations) -> list[dict[str, Any]]:
     entries: list[dict[str, Any]] = []
     for k, v in enumerate(graph.inputs):
         ids[v] = f"in{k}"
-        entries.append({"id": ids[v], "name": name.define(v), "op": v.kind, "cat": v.kind,
+        entries.append(_compact({"id": ids[v], "name": name.define(v), "op": v.kind, "cat": v.kind,
                         "color": PARAM_FILL if v.is_param else "#ffffff",
                         "type": str(v.type), "attrs": "", "line": f"{v.kind} {name(v)}: {v.type}",
-                        "locs": [], "ins": [], "after": [], "writes": []})
+                        "locs": [], "ins": [], "after": [], "writes": []}))
     for k, node in enumerate(graph.nodes):
         line = format_node(node, name)  # (defines its results' names)
         for v in node.outputs:
             ids[v] = f"n{k}"
-        entries.append({"id": f"n{k}", "name": ", ".join(name(v) for v in node.outputs),
+        entries.append(_compact({"id": f"n{k}", "name": ", ".join(name(v) for v in node.outputs),
                         "op": node.op, "cat": node.opdef.category,
                         "color": op_color(node.opdef.category),
                         "type": ", ".join(str(v.type) for v in node.outputs),
                         "attrs": format_attrs(node), "line": line,
                         "locs": _node_locs(node, locs), "ins": _ids(node.inputs, ids),
-                        "after": _ids(node.after, ids), "writes": _ids(_writes(node), ids)})
-    entries.append({"id": "return", "name": "return", "op": "return", "cat": "return",
+                        "after": _ids(node.after, ids), "writes": _ids(_writes(node), ids)}))
+    entries.append(_compact({"id": "return", "name": "return", "op": "return", "cat": "return",
                     "color": "#ffffff",
                     "type": ", ".join(str(v.type) for v in graph.outputs), "attrs": "",
                     "line": "return", "locs": [], "ins": _ids(graph.outputs, ids),
-                    "after": _ids(graph.effects, ids), "writes": []})
+                    "after": _ids(graph.effects, ids), "writes": []}))
     return entries
+
+
+def _compact(entry: dict[str, Any]) -> dict[str, Any]:
+    """The entry without its empty fields (most nodes have no attributes, after edges or
+    writes): the page of a step of thousands of nodes is smaller, and reads a missing field
+    as empty."""
+    return {k: v for k, v in entry.items() if v != "" and v != []}
 
 
 def _node_locs(node: Node, locs: _Locations) -> list[int]:

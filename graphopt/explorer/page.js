@@ -42,11 +42,14 @@ function openTab(name) {
 }
 
 // -- the snapshot's nodes, indexed once per snapshot ------------------------------------------
+// The data leaves a node's empty fields out (a smaller page): they are filled in here.
+const EMPTY = { name: "", type: "", attrs: "", locs: [], ins: [], after: [], writes: [] };
 const indexes = new Map();
 function nodesOf(snapshot) {
   if (!indexes.has(snapshot)) {
     const byId = new Map(), users = new Map();
     for (const n of DATA.snapshots[snapshot].nodes) {
+      for (const [k, v] of Object.entries(EMPTY)) if (!(k in n)) n[k] = v;
       byId.set(n.id, n);
       for (const [kind, list] of [["data", n.ins], ["after", n.after]])
         for (const src of list) {
@@ -348,7 +351,7 @@ function search(query) {
   const q = query.trim().toLowerCase();
   if (!q) return;
   const hits = [];
-  for (const n of DATA.snapshots[state.snapshot].nodes) {
+  for (const n of nodesOf(state.snapshot).byId.values()) {
     const text = [n.op, n.name, n.line, ...n.locs.map(i => DATA.locations[i].where)]
       .join(" ").toLowerCase();
     if (text.includes(q)) hits.push(n);
