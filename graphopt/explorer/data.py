@@ -56,14 +56,14 @@ def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath:
     timeline: list[dict[str, Any]] = []
     made_by: dict[int, str] = {}  # a kernel node's serial -> the pass that made it
 
-    def after_pass(g: Graph, s: PassStats) -> None:
+    def after_pass(g: Graph, s: PassStats, names: dict[Value, str] | None) -> None:
         # (after the first pass, a kernel of the input is a copy: it cannot be told apart)
         made = s.name if timeline or not s.kernels_before else f"the input or {s.name}"
         for n in g.nodes:
             if n.body is not None:
                 made_by.setdefault(n.serial, made)
         if s.changed:
-            snapshots.append(_snapshot(f"after {s.name}", g, locs, drawing))
+            snapshots.append(_snapshot(f"after {s.name}", g, locs, drawing, names))
         timeline.append(_pass(s, len(snapshots) - 1))
 
     # (verified once, at the end, as jit does: verifying a graph of thousands of nodes after
@@ -79,6 +79,11 @@ def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath:
             uncompiled = f"not compiled: {e}"
     else:
         program_graph = program.graph
+    # the names the pipeline's printings gave (the program's graph: the same values in the
+    # same order as the result's, so they carry over by position)
+    carried = {b: result.names[a] for a, b in zip(_values(result.graph),
+                                                   _values(program_graph)) if a in result.names}
+    shown = value_names(program_graph, carried)
     for entry in timeline:
         entry["refusals"] = [_refusal(r, locs) for r in result.refusals
                              if r.pass_name == entry["name"]]
@@ -90,13 +95,18 @@ def gather(graph: Graph, passes: str | Iterable[str] | None = None, *, fastmath:
         "locations": locs.table,
         # (the program's graph is the result's, or the same nodes in the same order: an
         # Executable's, from the same passes)
-        "kernels": _kernels(result, program, program_graph,
+        "kernels": _kernels(result, program, program_graph, shown,
                             [made_by.get(n.serial, "the input") for n in result.graph.nodes], locs,
                             uncompiled),
-        "memory": _memory(program_graph, program),
+        "memory": _memory(program_graph, program, shown),
         "target": describe(),
         "drawing": drawing.status,
     }
+
+
+def _values(graph: Graph) -> list[Value]:
+    """A graph's values in the order its text defines them."""
+    return [*graph.inputs, *(v for n in graph.nodes for v in n.outputs)]
 
 
 def _pass(s: PassStats, snapshot: int) -> dict[str, Any]:
@@ -167,16 +177,20 @@ def _size(graph: Graph) -> int:
                                    for n in graph.nodes)
 
 
-def _snapshot(label: str, graph: Graph, locs: _Locations, drawing: _Drawing) -> dict[str, Any]:
-    """The graph at one point of the pipeline: its text, its nodes, its drawing."""
+def _snapshot(label: str, graph: Graph, locs: _Locations, drawing: _Drawing,
+              names: dict[Value, str] | None = None) -> dict[str, Any]:
+    """The graph at one point of the pipeline: its text, its nodes, its drawing (`names`: the
+    names the pipeline's printings give its values, as its diffs show them)."""
     svg, why = drawing.svg(graph, _size(graph))
-    return {"label": label, "ir": format_graph(graph, locs=True), "nodes": _nodes(graph, locs),
+    return {"label": label, "ir": format_graph(graph, locs=True, keep=names),
+            "nodes": _nodes(graph, locs, names),
             "svg": svg, "svg_note": why}
 
 
-def _nodes(graph: Graph, locs: _Locations) -> list[dict[str, Any]]:
+def _nodes(graph: Graph, locs: _Locations,
+           names: dict[Value, str] | None = None) -> list[dict[str, Any]]:
     """Every input and node of the graph, and its return, with its edges by node id."""
-    name = Namer()
+    name = Namer(names)
     ids: dict[Value, str] = {}
     entries: list[dict[str, Any]] = []
     for k, v in enumerate(graph.inputs):
@@ -229,15 +243,14 @@ def _writes(node: Node) -> list[Value]:
     return written(node) if node.body is not None else []
 
 
-def _kernels(result: PipelineResult, program: Any, graph: Graph, made_by: list[str],
-             locs: _Locations, uncompiled: str) -> list[dict[str, Any]]:
+def _kernels(result: PipelineResult, program: Any, graph: Graph, names: dict[Value, str],
+             made_by: list[str], locs: _Locations, uncompiled: str) -> list[dict[str, Any]]:
     """Every kernel node of the result, with its native code when the program compiled it;
     `made_by`: the pass that made each node of the result; `uncompiled`: why a kernel the
     program did not compile (nor fall back on) has no native code."""
     native = {id(k.node): k for k in getattr(program, "kernels", ())}
     fallbacks = {id(f.node): f.reason for f in getattr(program, "fallbacks", ())}
     refusals = [(set(locs.indices(r.loc)), r) for r in result.refusals]
-    names = value_names(graph)
     entries = []
     for k, node in enumerate(graph.nodes):
         if node.body is None:
@@ -278,11 +291,10 @@ def _native(k: Any) -> dict[str, Any]:
             "llvm": k.optimized(), "asm": k.asm()}
 
 
-def _memory(graph: Graph, program: Any) -> dict[str, Any]:
+def _memory(graph: Graph, program: Any, names: dict[Value, str]) -> dict[str, Any]:
     """The liveness report of the graph that runs: bytes live at each node of the schedule."""
     report = memory_report(graph, getattr(program, "copy_reasons", ()),
                            getattr(program, "plan", None))
-    names = value_names(graph)
     labels = [", ".join(names[v] for v in n.outputs) or n.op for n in graph.nodes]
     return {"live": report.live_bytes, "labels": labels, "input_bytes": report.input_bytes,
             "peak_node": report.peak_node, "peak_bytes": report.peak_bytes,

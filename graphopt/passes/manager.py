@@ -203,7 +203,7 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         print_after_all: bool = False, print_after_change: bool = False,
         verify: bool | str = True,
         fastmath: bool = False, options: dict[str, Any] | None = None, diffs: bool = False,
-        after_pass: Callable[[Graph, PassStats], None] | None = None,
+        after_pass: Callable[[Graph, PassStats, dict[Value, str] | None], None] | None = None,
         out: TextIO | None = None) -> PipelineResult:
     """Run passes on a copy of `graph` (the graph itself is left as it was).
 
@@ -224,8 +224,9 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
         fastmath: allow rewrites that are only algebraically exact.
         options: settings of particular passes, by name (PassContext.options).
         diffs: keep a unified diff of the text IR in each pass's stats (explain uses it).
-        after_pass: called with the graph and the pass's stats after each pass, before the
-            next one rewrites it (the explorer takes its snapshots so).
+        after_pass: called with the graph, the pass's stats and the names its values print
+            with (None when nothing is printed) after each pass, before the next one rewrites
+            it (the explorer takes its snapshots so).
         out: where to print (default sys.stdout).
 
     Returns:
@@ -260,7 +261,7 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
                              before=stats[-1].fingerprint if stats else None, names=shown)
         stats.append(s)
         if after_pass is not None:
-            after_pass(g, s)
+            after_pass(g, s, shown)
         if print_after_all or _matches(print_after, name) or (print_after_change and s.changed):
             print(f"# *** IR after {name}{'' if s.changed else ' (no change)'} ***\n"
                   f"{format_graph(g, locs=True, keep=shown)}", file=out)
