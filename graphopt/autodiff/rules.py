@@ -40,7 +40,7 @@ NOT_DIFFERENTIABLE = frozenset({
     "logical_and", "logical_or", "logical_not", "constant", "assign", "kernel", "store",
     "broadcast", "shard", "all_reduce_when",
     "row_kernel", "rows", "rows_indices", "rows_values", "with_values", "coalesce",
-    "densify", "take_rows", "put_rows"})
+    "densify", "take_rows", "put_rows", "check_bounds"})
 
 # Why a gradient cannot go through an op of NOT_DIFFERENTIABLE, where the op's kind does not
 # say it (autodiff's error adds it to its message).

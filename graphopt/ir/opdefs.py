@@ -17,7 +17,7 @@ import numpy as np
 from ..errors import OpTypeError
 from .registry import (BOOL_ATTR, CONSTANT, CONTROL, DTYPE_ATTR, EFFECT, ELEMENTWISE, INDEX,
                        INT_ATTR, INTS_ATTR, LINALG, NN, REDUCTION, SHAPE, SHAPE_ATTR, VALUE_ATTR,
-                       OpDef, register)
+                       Decomposition, Emit, OpDef, at_least, register)
 from .types import (DType, RowsArray, RowsType, TensorType, Type, bf16, bool_,
                     contiguous_strides, f16, to_dtype, token, value_problem)
 
@@ -496,6 +496,26 @@ _elementwise("stop_gradient", 1, lambda x: x, ANY,
 
 
 # -- network ops: log_softmax and losses (category nn) --------------------------------------------
+# Each declares its decomposition (Decomposition): the elementwise ops and reductions it is
+# made of, which fuse into kernels; its numpy implementation computes those parts op by op.
+# Only in f32 or f64: numpy computes a 16-bit op in 16 bits, where kernel ops round each
+# result from f32.
+def _constant_attrs(value: Any, shape: tuple[int, ...], dtype: DType) -> dict[str, Any]:
+    return {"value": value, "shape": shape, "dtype": dtype}
+
+
+def _halves(x: np.ndarray) -> bool:
+    """A 16-bit float: its nn ops are not decomposed, and numpy computes them as they were
+    (np.mean of 16 bits accumulates in f32, where np.sum would in 16 bits)."""
+    return x.dtype.itemsize < 4
+
+
+def _not_f32_f64(op: str, t: Type) -> str | None:
+    if t.dtype.name in ("f32", "f64"):
+        return None
+    return f"{op} of {t} is decomposed only in f32 or f64 (16-bit parts would round apart)"
+
+
 def _log_softmax(x: np.ndarray, axis: int) -> np.ndarray:
     shifted = x - np.max(x, axis=axis, keepdims=True)  # exp of it never overflows
     return shifted - np.log(np.sum(np.exp(shifted), axis=axis, keepdims=True))
@@ -508,9 +528,48 @@ def _log_softmax_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Typ
     return [x]
 
 
+def _log_softmax_why_not(types: Sequence[Type], attrs: dict[str, Any]) -> str | None:
+    (x,) = types
+    if x.ndim < 2 or attrs["axis"] != x.ndim - 1:
+        return (f"log_softmax over axis {attrs['axis']} of {x} is decomposed into row "
+                f"reductions (max, exp, sum, log) only over the last axis of 2 or more")
+    return _not_f32_f64("log_softmax", x)
+
+
+def _log_softmax_write(emit: Emit, inputs: list, attrs: dict[str, Any]) -> Any:
+    """m = max x {axes=[-1], keepdims}; s = x - m; s - log(sum(exp(s), {axes=[-1], keepdims}))"""
+    (x,) = inputs
+    row = TensorType(x.shape[:-1] + (1,), x.dtype)
+    reduce = {"axes": [x.type.ndim - 1], "keepdims": True}
+    m = emit("max", "max", [x], reduce, row)
+    s = emit("shifted", "subtract", [x, m], {}, x.type)
+    total = emit("sum", "sum", [emit("exp", "exp", [s], {}, x.type)], reduce, row)
+    return emit("out", "subtract", [s, emit("log", "log", [total], {}, row)], {}, x.type)
+
+
 register(OpDef("log_softmax", NN, _log_softmax_infer, _log_softmax, attrs=("axis",),
                attr_kinds=(INT_ATTR,),
-               doc="x - log(sum(exp(x), axis, keepdims)), computed stably"))
+               doc="x - log(sum(exp(x), axis, keepdims)), computed stably",
+               decompose=Decomposition(_log_softmax_why_not, _log_softmax_write)))
+
+
+def _check_bounds_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
+    (x,) = _tensors("check_bounds", types, 1)
+    _one_dtype("check_bounds", [x], ("int",))
+    return [x]
+
+
+def _check_bounds(x: np.ndarray, limit: int) -> np.ndarray:
+    if x.size and (x.min() < 0 or x.max() >= limit):
+        raise IndexError(f"a label is outside [0, {limit})")
+    return x
+
+
+register(OpDef("check_bounds", INDEX, _check_bounds_infer, _check_bounds, attrs=("limit",),
+               attr_kinds=(at_least(0),),
+               doc="x itself, once every element is checked to be in [0, limit) (an "
+                   "IndexError when the step runs, if not): the labels a decomposed "
+                   "softmax_cross_entropy compares with the classes"))
 
 
 def _cross_entropy_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -524,16 +583,53 @@ def _cross_entropy_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[T
 
 
 def _cross_entropy(logits: np.ndarray, labels: np.ndarray) -> np.ndarray:
-    classes = logits.shape[-1]
-    if labels.size and (labels.min() < 0 or labels.max() >= classes):
-        raise IndexError(f"a label is outside [0, {classes})")
-    logp = _log_softmax(logits, logits.ndim - 1)
-    return -np.mean(np.take_along_axis(logp, labels[..., None].astype(np.intp), axis=-1))
+    """The parts _cross_entropy_write emits, op by op (one-hot by comparison with the classes:
+    it fuses, where a gather would not)."""
+    classes, d = logits.shape[-1], logits.dtype
+    labels = _check_bounds(labels, classes)
+    if _halves(logits):
+        logp = _log_softmax(logits, logits.ndim - 1)
+        return -np.mean(np.take_along_axis(logp, labels[..., None].astype(np.intp), axis=-1))
+    hit = np.equal(labels[..., None], np.arange(classes, dtype=labels.dtype))
+    picked = np.where(hit, _log_softmax(logits, logits.ndim - 1), d.type(0))
+    total = np.sum(picked, axis=tuple(range(logits.ndim)))
+    return np.negative(np.divide(total, d.type(labels.size)))
+
+
+def _cross_entropy_why_not(types: Sequence[Type], attrs: dict[str, Any]) -> str | None:
+    logits = types[0]
+    if logits.ndim < 2:
+        return (f"softmax_cross_entropy of one example ({logits}) is decomposed only with a "
+                f"batch axis (its log_softmax is then a row reduction)")
+    return _not_f32_f64("softmax_cross_entropy", logits)
+
+
+def _cross_entropy_write(emit: Emit, inputs: list, attrs: dict[str, Any]) -> Any:
+    """-sum(where(labels == classes, log_softmax(logits), 0)) / examples"""
+    logits, labels = inputs
+    t, n = logits.type, logits.type.ndim
+    classes, scalar = t.shape[-1], TensorType((), t.dtype)
+    checked = emit("labels", "check_bounds", [labels], {"limit": classes}, labels.type)
+    column = emit("column", "reshape", [checked], {"shape": labels.shape + (1,)},
+                  TensorType(labels.shape + (1,), labels.dtype))
+    iota = emit("classes", "constant", [], _constant_attrs(
+        np.arange(classes, dtype=labels.dtype.np_dtype), (classes,), labels.dtype),
+        TensorType((classes,), labels.dtype))
+    hit = emit("hit", "equal", [column, iota], {}, TensorType(t.shape, bool_))
+    logp = emit("logp", "log_softmax", [logits], {"axis": n - 1}, t)
+    zero = emit("zero", "constant", [], _constant_attrs(0.0, (), t.dtype), scalar)
+    picked = emit("picked", "where", [hit, logp, zero], {}, t)
+    total = emit("sum", "sum", [picked], {"axes": list(range(n)), "keepdims": False}, scalar)
+    count = emit("count", "constant", [], _constant_attrs(
+        float(np.prod(labels.shape, dtype=np.int64)), (), t.dtype), scalar)
+    return emit("out", "negative", [emit("mean", "divide", [total, count], {}, scalar)], {},
+                scalar)
 
 
 register(OpDef("softmax_cross_entropy", NN, _cross_entropy_infer, _cross_entropy,
                doc="mean over the examples of -log softmax(logits)[label]; labels are class "
-                   "indices in [0, classes), logits [..., classes]", dtype_group=(0,)))
+                   "indices in [0, classes), logits [..., classes]", dtype_group=(0,),
+               decompose=Decomposition(_cross_entropy_why_not, _cross_entropy_write)))
 
 
 def _mse_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
@@ -543,8 +639,38 @@ def _mse_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     return [TensorType((), d)]
 
 
-register(OpDef("mse_loss", NN, _mse_infer, lambda p, t: np.mean(np.square(p - t)),
-               doc="mean((pred - target)**2) over the broadcast shape"))
+def _mse(pred: np.ndarray, target: np.ndarray) -> np.ndarray:
+    """The parts _mse_write emits, op by op."""
+    diff = np.subtract(pred, target)
+    if _halves(diff):
+        return np.mean(np.square(diff))
+    total = np.sum(np.multiply(diff, diff), axis=tuple(range(diff.ndim)))
+    return np.divide(total, diff.dtype.type(diff.size))
+
+
+def _mse_why_not(types: Sequence[Type], attrs: dict[str, Any]) -> str | None:
+    pred, target = types
+    if not pred.ndim and not target.ndim:
+        return "mse_loss of two scalars is one subtract and one multiply: nothing to fuse"
+    return _not_f32_f64("mse_loss", pred)
+
+
+def _mse_write(emit: Emit, inputs: list, attrs: dict[str, Any]) -> Any:
+    """sum((pred - target)**2) / elements"""
+    pred, target = inputs
+    t = TensorType(np.broadcast_shapes(pred.shape, target.shape), pred.dtype)
+    scalar = TensorType((), t.dtype)
+    diff = emit("diff", "subtract", [pred, target], {}, t)
+    total = emit("sum", "sum", [emit("square", "multiply", [diff, diff], {}, t)],
+                 {"axes": list(range(t.ndim)), "keepdims": False}, scalar)
+    count = emit("count", "constant", [], _constant_attrs(
+        float(np.prod(t.shape, dtype=np.int64)), (), t.dtype), scalar)
+    return emit("out", "divide", [total, count], {}, scalar)
+
+
+register(OpDef("mse_loss", NN, _mse_infer, _mse,
+               doc="mean((pred - target)**2) over the broadcast shape",
+               decompose=Decomposition(_mse_why_not, _mse_write)))
 
 
 # -- gather / scatter_add along axis 0 (category index) -------------------------------------------

@@ -116,6 +116,23 @@ def at_least(low: int) -> AttrKind:
 ViewRule = Callable[..., "tuple[int, tuple[int, ...]] | None"]
 
 
+# Emit(role, op, inputs, attrs, type) -> a new value: how a decomposition adds one node (its
+# part named `role`, for explain) to the graph being rewritten.
+Emit = Callable[[str, str, list, dict, Type], Any]
+
+
+@dataclass(frozen=True)
+class Decomposition:
+    """An nn op written as the ops it is made of, so fusion can put them in kernels (XLA's
+    expanders): `why_not(input_types, attrs)` says why this node is kept whole (None: it is
+    not), `write(emit, inputs, attrs)` emits the parts and returns the value that replaces
+    the op's result. The op's numpy implementation computes the same parts op by op, so the
+    interpreter gives the same bits before and after."""
+
+    why_not: Callable[[Sequence[Type], dict[str, Any]], str | None]
+    write: Callable[[Emit, list, dict[str, Any]], Any]
+
+
 @dataclass(frozen=True)
 class OpDef:
     """One op. `infer(input_types, attrs) -> output types` raises OpTypeError on bad input;
@@ -165,6 +182,8 @@ class OpDef:
     # whatever each rank gave it: a value computed from such results, Parameters and
     # constants only is rank-independent, and may be a collective's predicate.
     uniform: bool = False
+    # How passes write it as other ops (an nn op: passes/decompose.py), or None.
+    decompose: Decomposition | None = None
 
     @property
     def has_effect(self) -> bool:

@@ -1,58 +1,71 @@
-"""nn ops written as the elementwise ops and row reductions they are made of, so fuse can put
-them in kernels: `log_softmax x {axis=-1}` is
+"""nn ops written as the elementwise ops and reductions they are made of, so fuse can put them
+in kernels. Each op declares its decomposition in the registry (OpDef.decompose: when it
+applies, and the parts it emits; see ir/opdefs.py): `log_softmax x {axis=-1}` is
 
     m = max x {axes=[axis], keepdims=true}; s = x - m
     log_softmax = s - log(sum(exp(s), {axes=[axis], keepdims=true}))
 
-the registry's own numpy implementation, op by op, so the interpreter gives the same bits
-before and after. Only over the last axis (a row reduction) and in f32 or f64 (numpy computes
-a 16-bit log_softmax in 16 bits, where kernel ops round each result from f32); the others
-stay nodes, with fuse's refusal.
+and `softmax_cross_entropy` a log_softmax (decomposed in turn), a one-hot comparison of the
+labels with the classes, a where, a full sum and a division. The parts are the op's numpy
+implementation op by op, so the interpreter gives the same bits before and after. A node the
+decomposition does not apply to stays whole, and `why_kept` says why (fuse's refusal).
 """
 from __future__ import annotations
 
+from typing import Any
+
 from ..ir.graph import Graph, Node, Value
-from ..ir.types import TensorType
+from ..ir.types import Type
 from ..ir.uses import replace_all_uses
 
 
+def why_kept(n: Node) -> str | None:
+    """Why a node with a declared decomposition is kept whole (None: it is decomposed; or
+    its op has none)."""
+    d = n.opdef.decompose
+    if d is None:
+        return None
+    if n.after:
+        return "it carries an after edge (a depend): such nodes stay whole"
+    return d.why_not([v.type for v in n.inputs], n.attrs)
+
+
 def decomposable(n: Node) -> bool:
-    """Whether n is a log_softmax over the last axis of a 2-or-more-dimensional f32 or f64
-    tensor, with no after edges."""
-    if n.op != "log_softmax" or n.after:
-        return False
-    x = n.inputs[0]
-    return x.type.ndim >= 2 and n.attrs["axis"] == x.type.ndim - 1 and \
-        x.dtype.name in ("f32", "f64")
+    return n.opdef.decompose is not None and why_kept(n) is None
 
 
 def decompose(graph: Graph) -> dict[Value, dict[str, Value]]:
-    """Rewrite every decomposable log_softmax in place. For each, by its old value, the
-    values it became: "max", "shifted", "exp", "sum", "log", and "out" (what its readers
-    now read)."""
+    """Rewrite every decomposable node in place, and the decomposable parts it emits (a
+    cross-entropy's log_softmax). For each, by its old value, the values it became, by role
+    ("max", "sum", "logp.max", ...; "out": what its readers now read)."""
     nodes: list[Node] = []
     mapping: dict[Value, Value] = {}
     parts: dict[Value, dict[str, Value]] = {}
+
+    def write(n: Node, inputs: list[Value], role: str = "") -> Value:
+        """n's decomposition on `inputs`, its parts under `role`."""
+        mine = parts.setdefault(n.out, {}) if not role else parts[top]
+
+        def emit(part: str, op: str, args: list[Value], attrs: dict[str, Any], t: Type
+                 ) -> Value:
+            m = Node(op, args, attrs, [t], loc=n.loc)
+            if m.opdef.decompose is not None and why_kept(m) is None:
+                v = write(m, args, f"{role}{part}.")
+                m.detach()
+            else:
+                nodes.append(m)
+                v = m.out
+            mine[f"{role}{part}"] = v
+            return v
+
+        return n.opdef.decompose.write(emit, inputs, n.attrs)
+
     for n in graph.nodes:
         if not decomposable(n):
             nodes.append(n)
             continue
-        x = n.inputs[0]
-        row = TensorType(x.shape[:-1] + (1,), x.dtype)
-        reduce = {"axes": [x.type.ndim - 1], "keepdims": True}
-
-        def add(op: str, inputs: list[Value], t: TensorType, attrs: dict | None = None,
-                n: Node = n) -> Value:
-            m = Node(op, inputs, attrs, [t], loc=n.loc)
-            nodes.append(m)
-            return m.out
-
-        p = parts[n.out] = {"max": add("max", [x], row, reduce)}
-        p["shifted"] = add("subtract", [x, p["max"]], x.type)
-        p["exp"] = add("exp", [p["shifted"]], x.type)
-        p["sum"] = add("sum", [p["exp"]], row, reduce)
-        p["log"] = add("log", [p["sum"]], row)
-        p["out"] = mapping[n.out] = add("subtract", [p["shifted"], p["log"]], x.type)
+        top = n.out
+        mapping[n.out] = write(n, list(n.inputs))
         n.detach()
     if mapping:
         graph.nodes = nodes

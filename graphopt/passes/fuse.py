@@ -43,12 +43,14 @@ A merge is refused, and the reason recorded for `explain`, when
     would make a cycle. After edges count as paths, so a write-after-read order is kept;
   - the consumer needs a full or leading-axes reduction the producer group computes;
   - both groups have row reductions, from different axes.
-A log_softmax over the last axis (f32, f64) is first written as the max, exp, sum and log it
-is made of (passes/decompose.py), which then fuse as row reductions.
+The nn ops are first written as the ops they are made of (passes/decompose.py: a log_softmax
+over the last axis as max, exp, sum and log, which fuse as row reductions; the losses as
+elementwise ops and a full sum), and identical parts merged (cse): a cross-entropy's
+log_softmax and its gradient's are computed once.
 Nodes that carry after edges (a `depend`), and every non-elementwise node, stay outside;
 for a reduction that is neither a kernel output nor a row reduction (over the last axes with
-keepdims=false, over middle axes, keepdims over the leading ones), for an nn op (log_softmax,
-softmax_cross_entropy, mse_loss) and for a collective, a refusal says why.
+keepdims=false, over middle axes, keepdims over the leading ones), for an nn op kept whole
+(a log_softmax over another axis, a 16-bit loss) and for a collective, a refusal says why.
 """
 from __future__ import annotations
 
@@ -62,7 +64,8 @@ from ..ir.kernel import infer_types
 from ..ir.printer import value_names
 from ..ir.registry import COLLECTIVE, CONSTANT, ELEMENTWISE, NN, REDUCTION
 from ..ir.types import TensorType
-from .decompose import decomposable, decompose
+from .cse import cse
+from .decompose import decomposable, decompose, why_kept
 from .grouping import Group, Grouping, install
 from .manager import PassContext, register
 
@@ -103,17 +106,6 @@ def space_of(n: Node) -> tuple[int, ...] | None:
                                       for u in n.out.users):
         return n.out.shape  # what a kernel's operands do anyway: see _Body.add
     return None
-
-
-# Why each nn op stays a node: none is elementwise, and fuse does not decompose them (but
-# log_softmax, mostly: see outside).
-_NN_REASONS = {
-    "softmax_cross_entropy": "softmax_cross_entropy reduces each row (log-sum-exp over the "
-                             "classes), picks each row's label and averages over the batch: "
-                             "not elementwise; it runs as a numpy node",
-    "mse_loss": "mse_loss is one nn op (the mean of squared differences), not decomposed into "
-                "elementwise ops and a sum: it runs as a numpy node",
-}
 
 
 def leading_axes(n: Node) -> int | None:
@@ -222,14 +214,9 @@ class _Fuser(Grouping):
             return (f"it reduces axes {axes} of {shape}: a kernel output reduces every axis, "
                     f"or the leading ones (\"sum@k\"), and a row reduction the last ones "
                     f"(keepdims=true); it runs as a numpy node")
-        if n.op == "log_softmax":  # (one fuse could not decompose: see passes/decompose.py)
-            x = n.inputs[0]
-            return (f"log_softmax over axis {n.attrs['axis']} of {x.type} is decomposed into "
-                    f"row reductions (max, exp, sum, log) only over the last axis, in f32 or "
-                    f"f64: it runs as a numpy node")
-        if op.category == NN:
-            return _NN_REASONS.get(n.op, f"{n.op} is an nn op, not elementwise: it runs as a "
-                                         f"numpy node")
+        if op.category == NN:  # one decompose kept whole (see passes/decompose.py)
+            why = why_kept(n) or f"{n.op} is an nn op with no decomposition"
+            return f"{why}: it runs as a numpy node"
         if op.category == COLLECTIVE:
             if op.ordered:
                 return (f"{n.op} is a collective: it runs as a node of its own, through its "
@@ -469,6 +456,8 @@ class _Body:
 def fuse(graph: Graph, ctx: PassContext) -> dict:
     names = value_names(graph) if any(map(decomposable, graph.nodes)) else None
     decomposed = decompose(graph)
+    if decomposed:  # a loss's parts and its gradient's (a log_softmax of the same logits)
+        cse(graph, ctx)
     f = _Fuser(graph, ctx)
     if names is not None:  # refusals name values as the graph before fuse does
         for old, parts in decomposed.items():
@@ -484,5 +473,5 @@ def fuse(graph: Graph, ctx: PassContext) -> dict:
     kernels = f.rewrite()
     stats = {"kernels": kernels, "nodes_fused": absorbed}
     if decomposed:
-        stats["log_softmax_decomposed"] = len(decomposed)
+        stats["decomposed"] = len(decomposed)
     return {**stats, "row_reductions": rows} if rows else stats

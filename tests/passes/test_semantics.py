@@ -59,10 +59,13 @@ def same(a, b) -> bool:
 
 
 def row_indices(graph) -> dict[str, int]:
-    """The arguments that are indices of rows (`rows %i, %v`), with their tensors' row count:
-    they are drawn in [0, rows] (rows: no row), the other indices a step refuses."""
-    return {n.inputs[0].name: n.outputs[0].type.shape[0] for n in graph.nodes
-            if n.op == "rows" and n.inputs[0].kind == "arg"}
+    """The arguments that are indices of rows (`rows %i, %v`), with their tensors' row count,
+    and the labels of a cross-entropy, with its classes less one: they are drawn in [0, rows]
+    (rows: no row) and [0, classes), the other indices a step refuses."""
+    return {n.inputs[i].name: high for n in graph.nodes for i, high in
+            (((0, n.outputs[0].type.shape[0]),) if n.op == "rows" else
+             ((1, n.inputs[0].type.shape[-1] - 1),) if n.op == "softmax_cross_entropy" else ())
+            if n.inputs[i].kind == "arg"}
 
 
 def committed(value: np.ndarray, update) -> np.ndarray:
