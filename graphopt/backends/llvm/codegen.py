@@ -505,7 +505,13 @@ class _Builder:
 
     def combine(self, kind: str, acc: ir.Value, x: ir.Value, reassoc: bool = True) -> ir.Value:
         if kind == "max":
-            return self.e.maximum(acc, x)
+            if isinstance(acc.type, ir.IntType):
+                return self.e.maximum(acc, x)
+            # llvm.maximum: NaN wins, as in the registry, and the vectorizer makes SIMD code of
+            # it (the select of `maximum` keeps a max reduction scalar: a softmax's max pass
+            # ran at a third of its sum pass's speed). Of +0 and -0 it takes +0 wherever they
+            # lie, where numpy's max takes either, depending on their places.
+            return self.e.intrinsic("llvm.maximum", acc, x)
         if isinstance(acc.type, ir.IntType):
             return self.b.add(acc, x)
         add = self.b.fadd(acc, x)
