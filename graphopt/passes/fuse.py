@@ -62,7 +62,7 @@ from ..ir.graph import Graph, Node, Value
 from ..ir import kernel as kernel_ir
 from ..ir.kernel import infer_types
 from ..ir.printer import value_names
-from ..ir.registry import COLLECTIVE, CONSTANT, ELEMENTWISE, NN, REDUCTION
+from ..ir.registry import COLLECTIVE, CONSTANT, ELEMENTWISE, LINALG, NN, REDUCTION
 from ..ir.types import TensorType
 from .cse import cse
 from .decompose import decomposable, decompose, why_kept
@@ -331,6 +331,33 @@ class _Fuser(Grouping):
             else:
                 merged.append(g)
 
+    def note_stored_gradients(self) -> None:
+        """Whole-step fusion's refusals, for explain: a gradient that only an update kernel
+        (an optimizer's, multi-tensor) reads, made by another node, is stored and read back;
+        one refusal per parameter says why it is not consumed where it is made."""
+        for n in self.graph.nodes:
+            if n.body is None or not kernel_ir.written(n):
+                continue
+            for row in kernel_ir.instance_rows(n):
+                params = ", ".join(self.names[row[j]] for j, _ in kernel_ir.stores(n.body))
+                for v in dict.fromkeys(row):
+                    p = self.producer.get(v)
+                    if p is not None and v.shape != () and all(u is n for u in v.users):
+                        self.ctx.refuse(f"the update of {params}", self.why_stored(v, p), n.loc)
+
+    def why_stored(self, v: Value, p: Node) -> str:
+        """Why the gradient v, which p makes, is not consumed inside the kernel that makes it."""
+        what = f"its gradient {self.names[v]} ({v.type}, {v.type.nbytes} B stored and read back)"
+        if p.opdef.category == LINALG:
+            return (f"{what} is made by {self.name(p)}, a numpy node: only a gradient that an "
+                    f"elementwise or reduction kernel makes can be consumed where it is made")
+        if p.opdef.category == REDUCTION and leading_axes(p) is not None:
+            kind = kernel_ir.kind_for(p.op, p.attrs["axes"], p.inputs[0].type.ndim)
+            return (f"{what} is a \"{kind}\" output of the kernel that makes its operand: it "
+                    f"exists only once that kernel has finished (its blocks' partials added), "
+                    f"and no update runs in that finish")
+        return f"{what} is made by {self.name(p)}, outside the update kernel"
+
     # -- building kernels ----------------------------------------------------------------------
     def build(self, g: Group) -> tuple[Node, dict[Value, Value], set[Value]]:
         """The kernel node for a group; outer value -> kernel output; values it absorbed."""
@@ -467,6 +494,7 @@ def fuse(graph: Graph, ctx: PassContext) -> dict:
     f.group_nodes()
     f.merge_siblings()
     f.merge_scalar_siblings()
+    f.note_stored_gradients()
     groups = {id(g): g for g in f.group.values()}.values()
     absorbed = sum(len(g.members) for g in groups)
     rows = sum(trailing_axes(n) is not None for g in groups for n in g.members)
