@@ -594,6 +594,73 @@ def test_the_sink_pool_serves_steps_after_it_slept_and_from_two_threads(monkeypa
     assert all(a.tobytes() == b.tobytes() for a, b in zip((p.numpy() for p in other[2]), want))
 
 
+def test_the_sink_cuts_large_kernels_into_chunks_that_tile_their_units(monkeypatch):
+    """The graph sink's threads claim chunks of a kernel (runtime.CHUNK_ELEMENTS each), not
+    fixed halves; the chunks tile the units in order, and a kernel too small to split is
+    one chunk."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", "2")
+    from graphopt.backends.llvm.runtime import CHUNK_ELEMENTS
+    fn, grads, _ = _adam_sink_step([700_000, 1000])
+    program = fn.lower(grads).program
+    fn(grads)
+    for k in program.kernels:
+        edges = k.chunks()
+        assert edges[0] == 0 and edges[-1] == k.abi.total_units
+        assert all(a < b for a, b in zip(edges, edges[1:]))
+        assert len(edges) - 1 == (1 if len(k.splits()) == 1 else k._elements // CHUNK_ELEMENTS)
+    assert max(len(k.chunks()) for k in program.kernels) - 1 == 700_000 // CHUNK_ELEMENTS
+
+
+def test_a_sink_step_ends_on_the_caller_alone_when_another_thread_never_comes(monkeypatch):
+    """A step the table splits over 2 threads, run by the calling thread alone (as if the
+    pool's thread were never scheduled): it claims every chunk itself, never waits for the
+    absent thread, and the result is the one-thread, kernel-by-kernel one."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", "2")
+    sizes = [300_000, 1000]
+    fn, grads, ps = _adam_sink_step(sizes)
+    program = fn.lower(grads).program
+    fn(grads)  # step 1, through the pool; it prepares the table
+    table, used, counters = program._sink_table()
+    assert used == 2
+    counters.fill(0)
+    done = threading.Event()
+
+    def alone():  # step 2: the same kernel table, thread 0 of 2, no pool thread
+        program._sink.run(table.shape[0], table.ctypes.data, 0, 2, table.shape[1],
+                          counters.ctypes.data)
+        done.set()
+    threading.Thread(target=alone, daemon=True).start()
+    assert done.wait(60), "the caller waited for a thread that never came"
+    assert all(a.tobytes() == b.tobytes()
+               for a, b in zip((p.numpy() for p in ps), _reference(sizes, 2)))
+
+
+@pytest.mark.usefixtures("cpu_level")
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_bf16_state_adam_gives_the_interpreters_bits_and_rounds_each_moment_once(
+        threads, monkeypatch):
+    """Adam with bf16 moments: the interpreter's bits (NaN and infinity in the gradient
+    too), on 1 and 2 threads at every CPU level. A moment is rounded to bf16 once: the
+    cast's rounding is not emitted again for the op's result, nor when it is stored."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", threads)
+    n = 300_000
+    rng = np.random.default_rng(7)
+    g = (rng.standard_normal(n) * np.exp2(rng.integers(-20, 20, n))).astype(np.float32)
+    g[::9973], g[5::10007], g[7::10009] = np.nan, np.inf, -np.inf
+    runs = []
+    for backend in ("interpreter", "llvm"):
+        p = go.Parameter(np.linspace(-1, 1, n, dtype=np.float32), name="w")
+        opt = go.optim.Adam([p], lr=1e-2, state_dtype="bf16")
+        fn = go.jit(opt.step, backend=backend, cache=False)
+        for _ in range(3):
+            fn([g])
+        runs.append([p.numpy()] + [s.numpy() for s in opt.state["w"].values()])
+    for a, b in zip(*runs):
+        assert a.tobytes() == b.tobytes()
+    (kernel,) = [k for k in fn.lower([g]).kernels if k._elements == n]
+    assert kernel.ir_text.count("fcmp uno") == 2  # one rounding for each bf16 moment
+
+
 @pytest.mark.skipif(not hasattr(os, "fork"), reason="fork is POSIX")
 @pytest.mark.parametrize("sink", [True, False])
 def test_a_forked_child_gets_threads_of_its_own(sink, monkeypatch):

@@ -58,6 +58,11 @@ class Emitter:
         self.module = module
         self.flags: tuple[str, ...] = ("fast",) if fastmath else ()
         self.in_dtypes: list[DType] = []  # the dtypes of the operands of the op being lowered
+        # f32 values rounded to bf16 here -> their 16 bits: rounding one again (an op's result
+        # is rounded after the op, then when stored) is the same bits, so it is not emitted
+        # again (LLVM cannot see that it is; in an update storing two bf16 moments, the
+        # repeats were half the loop's instructions).
+        self.bf16_bits: dict[ir.Value, ir.Value] = {}
 
     # -- helpers ----------------------------------------------------------------------------
     def _f(self, instr: ir.Instruction) -> ir.Instruction:
@@ -223,8 +228,10 @@ class Emitter:
         """A float computed in f32 rounded to f16 or bf16 precision (still held as f32)."""
         if d.name == "f16":
             return self.b.fpext(self.b.fptrunc(v, HALF), F32)
-        if d.name == "bf16":
-            return self.bf16_to_f32(self.f32_to_bf16(v))
+        if d.name == "bf16" and v not in self.bf16_bits:
+            bits = self.f32_to_bf16(v)
+            v = self.bf16_to_f32(bits)
+            self.bf16_bits[v] = bits
         return v
 
     # -- memory -----------------------------------------------------------------------------
@@ -255,6 +262,8 @@ class Emitter:
 
     def f32_to_bf16(self, v):
         """Round to nearest even, NaN kept quiet (what ml_dtypes and numpy's bf16 do)."""
+        if v in self.bf16_bits:
+            return self.bf16_bits[v]
         b = self.b
         bits = b.bitcast(v, I32)
         lsb = b.and_(b.lshr(bits, ir.Constant(I32, 16)), ir.Constant(I32, 1))

@@ -1,15 +1,18 @@
 """The graph sink: a whole step of kernels in one native call per thread, and the threads that
 run it with the caller.
 
-The threads that run a graph-sink step with the caller.
+A thread woken from sleep starts late: a futex wake-up, then the GIL hand-off, cost 0.1-0.2 ms
+on a 2-core VM, a third of a 1M-element Adam step there. So the pool's threads wait for work
+in native code: after each step they poll a mailbox (SINK_IR's worker loop) for SPIN_SECONDS
+before they sleep in Python, and back-to-back steps find them awake. The caller publishes a
+step (its kernel table and thread count) by bumping the mailbox's generation, runs the step
+itself, and waits, in native code too, until the pool's threads count themselves done.
 
-A step split over threads is as quick as its slowest share, and a thread woken from sleep
-starts late: a futex wake-up, then the GIL hand-off, cost 0.1-0.2 ms on this machine, a third
-of a 1M-element Adam step. So the pool's threads wait for work in native code: after each
-step they poll a mailbox (SINK_IR's worker loop) for SPIN_SECONDS before they sleep in
-Python, and back-to-back steps find them awake. The caller publishes a step (its kernel table
-and thread count) by bumping the mailbox's generation, runs share 0 itself, and waits, in
-native code too, until the other shares count themselves done.
+The threads share each kernel's work by claiming chunks of it (runtime.py cuts them), not in
+fixed halves: a step split in fixed shares is as quick as its slowest share, and on a machine
+whose cores other processes use too, a share whose thread the OS is not running stalled the
+whole step (a 1M-element Adam step: 1.9 ms at best, a median of 16 ms on 2 threads with
+other work on the cores, 3.3 ms on 1 thread).
 """
 from __future__ import annotations
 
@@ -28,62 +31,69 @@ from .target import baseline
 SinkFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_void_p)
 SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME = (
-    "graphopt_sink_v1", "graphopt_worker_v1", "graphopt_publish_v1", "graphopt_wait_v1")
+    "graphopt_sink_v2", "graphopt_worker_v2", "graphopt_publish_v2", "graphopt_wait_v2")
+YIELD_POLLS = 256  # polls of a counter before a waiting thread starts yielding its core
 
-# void sink(i64 count, i64* entries, i64 thread, i64 threads, i64 stride, i64* barrier)
+# void sink(i64 count, i64* entries, i64 thread, i64 threads, i64 stride, i64* counters)
 #
 # Runs `count` kernels in order. Entry k (a row of `stride` i64) holds the kernel's function
-# address, its pointer table, its partials, then a (lo, hi) range of units per thread. Each
-# thread runs its range of kernel k, then waits at the barrier (a counter every thread
-# increments) until all threads are done with k: MindSpore's "graph sink", one native call per
-# thread for the step instead of one per kernel. Written as text: an indirect call through an
-# opaque pointer is one line here, and llvmlite's builder has no way to say it.
+# address, its pointer table, its partials, its number of chunks n, then the n + 1 edges of
+# its chunks (in units). Threads claim the chunks of kernel k one at a time (counters[2k]
+# counts the claims) and count each one done (counters[2k+1]); a thread that finds none left
+# waits until all n are done, then goes on to kernel k+1: MindSpore's "graph sink", one
+# native call per thread for the step instead of one per kernel. The work is not split
+# in fixed shares: on a machine whose cores other processes also use, a thread that is not
+# running holds up at most the chunk it claimed, not half of the step, and a pool thread
+# that wakes late finds the work done (counters start at zero each step; `thread` is
+# unused, kept so the signature says who calls). Written as text: an indirect call
+# through an opaque pointer is one line here, and llvmlite's builder has no way to say it.
 SINK_IR = """
-define void @graphopt_sink_v1(i64 %count, ptr %entries, i64 %thread, i64 %threads,
-                              i64 %stride, ptr %barrier) {
+define void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %thread, i64 %threads,
+                              i64 %stride, ptr %counters) {
 entry:
-  %lo.at = mul i64 %thread, 2
-  %lo.off = add i64 %lo.at, 3
-  %hi.off = add i64 %lo.at, 4
   br label %head
 head:
   %k = phi i64 [ 0, %entry ], [ %k1, %next ]
   %more = icmp slt i64 %k, %count
-  br i1 %more, label %body, label %done
-body:
+  br i1 %more, label %kernel, label %done
+kernel:
   %row = mul i64 %k, %stride
-  %lo.i = add i64 %row, %lo.off
-  %lo.p = getelementptr i64, ptr %entries, i64 %lo.i
-  %lo = load i64, ptr %lo.p
-  %hi.i = add i64 %row, %hi.off
-  %hi.p = getelementptr i64, ptr %entries, i64 %hi.i
-  %hi = load i64, ptr %hi.p
-  %work = icmp slt i64 %lo, %hi
-  br i1 %work, label %call, label %wait
-call:
   %fn.p = getelementptr i64, ptr %entries, i64 %row
   %fn.a = load i64, ptr %fn.p
   %fn = inttoptr i64 %fn.a to ptr
-  %args.i = add i64 %row, 1
-  %args.p = getelementptr i64, ptr %entries, i64 %args.i
+  %args.p = getelementptr i64, ptr %fn.p, i64 1
   %args.a = load i64, ptr %args.p
   %args = inttoptr i64 %args.a to ptr
-  %part.i = add i64 %row, 2
-  %part.p = getelementptr i64, ptr %entries, i64 %part.i
+  %part.p = getelementptr i64, ptr %fn.p, i64 2
   %part.a = load i64, ptr %part.p
   %part = inttoptr i64 %part.a to ptr
+  %n.p = getelementptr i64, ptr %fn.p, i64 3
+  %n = load i64, ptr %n.p
+  %edges = getelementptr i64, ptr %fn.p, i64 4
+  %claimed.i = mul i64 %k, 2
+  %claimed = getelementptr i64, ptr %counters, i64 %claimed.i
+  %finished = getelementptr i64, ptr %claimed, i64 1
+  br label %claim
+claim:
+  %c = atomicrmw add ptr %claimed, i64 1 monotonic
+  %left = icmp slt i64 %c, %n
+  br i1 %left, label %call, label %wait
+call:
+  %lo.p = getelementptr i64, ptr %edges, i64 %c
+  %lo = load i64, ptr %lo.p
+  %hi.p = getelementptr i64, ptr %lo.p, i64 1
+  %hi = load i64, ptr %hi.p
   call void %fn(i64 %lo, i64 %hi, ptr %args, ptr %part)
-  br label %wait
+  %old = atomicrmw add ptr %finished, i64 1 release
+  br label %claim
 wait:
   %k1 = add i64 %k, 1
   %last = icmp sge i64 %k1, %count
   %alone = icmp sle i64 %threads, 1
   %skip = or i1 %last, %alone
-  br i1 %skip, label %next, label %arrive
-arrive:
-  %old = atomicrmw add ptr %barrier, i64 1 seq_cst
-  %goal = mul i64 %k1, %threads
-  call void @graphopt_wait_v1(ptr %barrier, i64 %goal)
+  br i1 %skip, label %next, label %barrier
+barrier:
+  call void @graphopt_wait_v2(ptr %finished, i64 %n)
   br label %next
 next:
   br label %head
@@ -93,15 +103,15 @@ done:
 
 ; i64 worker(ptr mailbox, i64 thread, i64 seen, i64 spins): a pool thread's loop. It runs
 ; each step published in the mailbox (i64s: generation, count, entries, threads, stride,
-; barrier, done) as `thread`, counting it done, until `spins` polls in a row find no new
+; counters, done) as `thread`, counting it done, until `spins` polls in a row find no new
 ; generation; it returns the last generation it saw, and the thread sleeps in Python.
-define i64 @graphopt_worker_v1(ptr %mb, i64 %thread, i64 %seen0, i64 %spins) {
+define i64 @graphopt_worker_v2(ptr %mb, i64 %thread, i64 %seen0, i64 %spins) {
 entry:
   %count.p = getelementptr i64, ptr %mb, i64 1
   %entries.p = getelementptr i64, ptr %mb, i64 2
   %threads.p = getelementptr i64, ptr %mb, i64 3
   %stride.p = getelementptr i64, ptr %mb, i64 4
-  %barrier.p = getelementptr i64, ptr %mb, i64 5
+  %counters.p = getelementptr i64, ptr %mb, i64 5
   %done.p = getelementptr i64, ptr %mb, i64 6
   br label %idle
 idle:
@@ -128,35 +138,44 @@ run:
   %entries.a = load i64, ptr %entries.p
   %entries = inttoptr i64 %entries.a to ptr
   %stride = load i64, ptr %stride.p
-  %barrier.a = load i64, ptr %barrier.p
-  %barrier = inttoptr i64 %barrier.a to ptr
-  call void @graphopt_sink_v1(i64 %count, ptr %entries, i64 %thread, i64 %threads,
-                              i64 %stride, ptr %barrier)
+  %counters.a = load i64, ptr %counters.p
+  %counters = inttoptr i64 %counters.a to ptr
+  call void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %thread, i64 %threads,
+                              i64 %stride, ptr %counters)
   %old = atomicrmw add ptr %done.p, i64 1 release
   br label %idle
 }
 
 ; void publish(ptr mailbox): the next generation, after every store this thread made before
 ; (release): a pool thread that sees it sees the step's table and counters too.
-define void @graphopt_publish_v1(ptr %mb) {
+define void @graphopt_publish_v2(ptr %mb) {
   %old = atomicrmw add ptr %mb, i64 1 release
   ret void
 }
 
-; void wait(ptr counter, i64 goal): returns once *counter >= goal.
-define void @graphopt_wait_v1(ptr %c, i64 %goal) {
+; void wait(ptr counter, i64 goal): returns once *counter >= goal. After YIELD_POLLS polls
+; it yields its core at each poll: the thread it waits for may be one the OS has not
+; running, for want of a free core.
+define void @graphopt_wait_v2(ptr %c, i64 %goal) {
 entry:
   br label %poll
 poll:
+  %i = phi i64 [ 0, %entry ], [ %i1, %again ], [ %i1, %yield ]
   %v = load atomic i64, ptr %c acquire, align 8
   %ok = icmp sge i64 %v, %goal
   br i1 %ok, label %done, label %again
 again:
   {pause}
+  %i1 = add i64 %i, 1
+  %long = icmp sge i64 %i1, {yield_polls}
+  br i1 %long, label %yield, label %poll
+yield:
+  {yield}
   br label %poll
 done:
   ret void
 }
+{declare}
 """
 
 
@@ -179,9 +198,13 @@ class Sink:
 
 def _sink_ir() -> str:
     # A spinning thread tells an x86 core so (`pause`: less power, and the core's other
-    # hardware thread runs on); other targets spin without it.
-    x86 = baseline().is_x86
-    return SINK_IR.replace("{pause}", 'call void asm sideeffect "pause", ""()' if x86 else "")
+    # hardware thread runs on); other targets spin without it. Yielding is POSIX's
+    # sched_yield (in the C library every POSIX process has loaded); elsewhere a wait spins.
+    x86, posix = baseline().is_x86, os.name == "posix"
+    return (SINK_IR.replace("{pause}", 'call void asm sideeffect "pause", ""()' if x86 else "")
+            .replace("{yield_polls}", str(YIELD_POLLS))
+            .replace("{yield}", "%r = call i32 @sched_yield()" if posix else "")
+            .replace("{declare}", "declare i32 @sched_yield()" if posix else ""))
 
 
 @functools.cache
@@ -195,7 +218,7 @@ def sink(use_cache: bool = True) -> Sink:
 
 # -- the pool -----------------------------------------------------------------------------------
 SPIN_SECONDS = 300e-6  # how long a pool thread polls for the next step before it sleeps
-_MAILBOX = ("generation", "count", "entries", "threads", "stride", "barrier", "done")
+_MAILBOX = ("generation", "count", "entries", "threads", "stride", "counters", "done")
 
 
 class SinkPool:
@@ -228,17 +251,18 @@ class SinkPool:
                 while int(self.mailbox[0]) == seen:
                     self._wake.wait()
 
-    def run(self, table: np.ndarray, threads: int, barrier: np.ndarray) -> None:
-        """One step: the table's kernels on `threads` threads, this one included."""
+    def run(self, table: np.ndarray, threads: int, counters: np.ndarray) -> None:
+        """One step: the table's kernels on `threads` threads, this one included; `counters`
+        (two per kernel) are zero."""
         assert threads <= self.workers + 1, "a step on more threads than the pool could never end"
         count, stride = table.shape
         with self._step:
             self.mailbox[1:] = (count, table.ctypes.data, threads, stride,
-                                barrier.ctypes.data, 0)
+                                counters.ctypes.data, 0)
             with self._wake:
                 self.sink.publish(self._address)
                 self._wake.notify_all()
-            self.sink.run(count, table.ctypes.data, 0, threads, stride, barrier.ctypes.data)
+            self.sink.run(count, table.ctypes.data, 0, threads, stride, counters.ctypes.data)
             self.sink.wait(self._done, threads - 1)
 
 

@@ -44,6 +44,7 @@ from .target import Target, selected
 from .vectorwidth import kernel_vector_width, widest_vector
 
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, a second thread costs more than it saves
+CHUNK_ELEMENTS = 1 << 16  # what a graph-sink thread claims at a time (graphsink.py)
 _pool: ThreadPoolExecutor | None = None
 _pool_pid = 0
 
@@ -125,6 +126,16 @@ class NativeKernel:
         if n not in self._splits:
             self._splits[n] = self._split(n)
         return self._splits[n]
+
+    def chunks(self) -> list[int]:
+        """The edges of the chunks the graph sink's threads claim (graphsink.py): about
+        CHUNK_ELEMENTS each, a kernel too small to split in one chunk; a reduction's at block
+        edges (its partials are per block, so its bits do not depend on who ran which)."""
+        n = len(self.splits())
+        count = 1 if n == 1 else max(n, min(self.abi.total_units,
+                                            self._elements // CHUNK_ELEMENTS))
+        ranges = self._split(count)
+        return [a for a, _ in ranges] + [b for _, b in ranges[-1:]] or [0]
 
     def _split(self, n: int) -> list[tuple[int, int]]:
         total = self.abi.total_units
@@ -380,8 +391,8 @@ class LLVMProgram:
         # that could fail are backed up when the step starts (a fully native step: none).
         self.nodes = _stores_last(self.nodes, self.native)
         self._sink = graphsink.sink(cache) if self.sink else None
-        self._sink_tables: dict[int, tuple[np.ndarray, int]] = {}
-        self._barrier = np.zeros(1, np.int64)
+        # thread count -> (table, threads used, the chunk counters: two per row)
+        self._sink_tables: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
         # A numpy result that views a parameter a kernel stores in place must keep its value
         # only if something reads it once a store has run: decided here, from the schedule.
         self.read_late = _read_late(self.nodes, self.native, graph, self._reads)
@@ -518,32 +529,32 @@ class LLVMProgram:
     def sink_call(self) -> None:
         """The sink over the kernel table as last prepared: on this thread, and on the
         pool's threads (graphsink.py) when the table is split."""
-        table, used = self._sink_table()
-        self._barrier[0] = 0
+        table, used, counters = self._sink_table()
+        counters.fill(0)
         if used == 1:
             self._sink.run(table.shape[0], table.ctypes.data, 0, 1, table.shape[1],
-                           self._barrier.ctypes.data)
+                           counters.ctypes.data)
         else:
-            graphsink.pool(self._sink).run(table, used, self._barrier)
+            graphsink.pool(self._sink).run(table, used, counters)
 
-    def _sink_table(self) -> tuple[np.ndarray, int]:
-        """One row per kernel: function, pointer table, partials, then each thread's range of
-        units (empty where a kernel is too small to split). Made once per thread count."""
+    def _sink_table(self) -> tuple[np.ndarray, int, np.ndarray]:
+        """One row per kernel: function, pointer table, partials, its number of chunks, then
+        their edges (graphsink.SINK_IR); the threads the step uses (those of its most split
+        kernel) and its chunk counters. Made once per thread count."""
         n = threads()
         if n not in self._sink_tables:
-            steps = []  # (function address, kernel, ranges)
+            steps = []  # (function address, kernel, chunk edges, threads it may use)
             for node in self.nodes:
                 k = self.native[id(node)]
-                steps.append((k.address, k, k.splits()))
+                steps.append((k.address, k, k.chunks(), len(k.splits())))
                 if k.finish_fn is not None:  # one thread combines the partials
-                    steps.append((_address(k.finish_fn), k, [(0, 1)]))
-            used = max(len(r) for _, _, r in steps)
-            table = np.zeros((len(steps), 3 + 2 * used), np.int64)
-            for row, (address, k, ranges) in zip(table, steps):
-                row[:3] = (address, ctypes.addressof(k._args), k._partials_ptr)
-                for t, (lo, hi) in enumerate(ranges):
-                    row[3 + 2 * t: 5 + 2 * t] = (lo, hi)
-            self._sink_tables[n] = (table, used)
+                    steps.append((_address(k.finish_fn), k, [0, 1], 1))
+            used = max(s[3] for s in steps)
+            table = np.zeros((len(steps), 4 + max(len(s[2]) for s in steps)), np.int64)
+            for row, (address, k, edges, _) in zip(table, steps):
+                row[:4] = (address, ctypes.addressof(k._args), k._partials_ptr, len(edges) - 1)
+                row[4:4 + len(edges)] = edges
+            self._sink_tables[n] = (table, used, np.zeros(2 * len(steps), np.int64))
         return self._sink_tables[n]
 
 
