@@ -635,6 +635,35 @@ def test_a_sink_step_ends_on_the_caller_alone_when_another_thread_never_comes(mo
                for a, b in zip((p.numpy() for p in ps), _reference(sizes, 2)))
 
 
+def test_a_pool_thread_that_comes_after_the_step_closed_does_not_run_it(monkeypatch):
+    """The caller closes a step once its own work is done and waits only for the pool
+    threads that joined it: a step whose pool thread never came ends, and that thread,
+    coming late, sees the step closed and runs nothing."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", "2")
+    monkeypatch.setattr(graphsink.SinkPool, "_serve", lambda self, thread: None)
+    sizes = [300_000, 1000]
+    fn, grads, ps = _adam_sink_step(sizes)
+    program = fn.lower(grads).program
+    fn(grads)  # step 1, through the process's pool; it prepares the table
+    table, used, counters = program._sink_table()
+    late = graphsink.SinkPool(program._sink, 1)  # its thread returned at once: never joins
+    seen = int(late.mailbox[0])
+    counters.fill(0)
+    ended = threading.Event()
+    threading.Thread(target=lambda: (late.run(table, used, counters), ended.set()),
+                     daemon=True).start()  # step 2, the caller alone
+    assert ended.wait(60), "the caller waited for a pool thread that never joined"
+    after = [p.numpy().tobytes() for p in ps]
+    assert after == [a.tobytes() for a in _reference(sizes, 2)]
+    assert late.mailbox[_mailbox("left")] == 0 and late.mailbox[_mailbox("state")] & graphsink._TAG_BITS == 0
+    assert late.sink.worker(late._address, 1, seen, 64) == seen + 1  # saw the step, did not run it
+    assert [p.numpy().tobytes() for p in ps] == after and late.mailbox[_mailbox("left")] == 0
+
+
+def _mailbox(word):
+    return graphsink._MAILBOX.index(word)
+
+
 @pytest.mark.usefixtures("cpu_level")
 @pytest.mark.parametrize("threads", ["1", "2"])
 def test_bf16_state_adam_gives_the_interpreters_bits_and_rounds_each_moment_once(

@@ -6,7 +6,8 @@ on a 2-core VM, a third of a 1M-element Adam step there. So the pool's threads w
 in native code: after each step they poll a mailbox (SINK_IR's worker loop) for SPIN_SECONDS
 before they sleep in Python, and back-to-back steps find them awake. The caller publishes a
 step (its kernel table and thread count) by bumping the mailbox's generation, runs the step
-itself, and waits, in native code too, until the pool's threads count themselves done.
+itself, then closes it and waits, in native code too, for the pool's threads that joined it
+to count themselves done (one that had not joined by then no longer can: see the worker).
 
 The threads share each kernel's work by claiming chunks of it (runtime.py cuts them), not in
 fixed halves: a step split in fixed shares is as quick as its slowest share, and on a machine
@@ -30,8 +31,9 @@ from .target import baseline
 
 SinkFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_int64, ctypes.c_void_p)
-SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME = (
-    "graphopt_sink_v2", "graphopt_worker_v2", "graphopt_publish_v2", "graphopt_wait_v2")
+SINK_NAME, WORKER_NAME, PUBLISH_NAME, CLOSE_NAME, WAIT_NAME = (
+    "graphopt_sink_v2", "graphopt_worker_v2", "graphopt_publish_v2", "graphopt_close_v2",
+    "graphopt_wait_v2")
 YIELD_POLLS = 256  # polls of a counter before a waiting thread starts yielding its core
 
 # void sink(i64 count, i64* entries, i64 thread, i64 threads, i64 stride, i64* counters)
@@ -103,8 +105,15 @@ done:
 
 ; i64 worker(ptr mailbox, i64 thread, i64 seen, i64 spins): a pool thread's loop. It runs
 ; each step published in the mailbox (i64s: generation, count, entries, threads, stride,
-; counters, done) as `thread`, counting it done, until `spins` polls in a row find no new
-; generation; it returns the last generation it saw, and the thread sleeps in Python.
+; counters, left, state) as `thread`, until `spins` polls in a row find no new generation;
+; it returns the last generation it saw, and the thread sleeps in Python. A thread joins a
+; step before it reads the step's table: `state` is the step's generation (its low 31
+; bits) << 32, a bit the caller sets when it closes the step (1 << 31), and the number of
+; threads that joined; a thread joins by adding itself to that count while the state says
+; its generation, open. It counts itself in `left` when done. So the caller, once its own
+; share of the work is over, closes the step and waits only for the threads that joined:
+; a pool thread the OS did not run in time (asleep, or waiting for a core) sees the step
+; closed when it comes, and goes back to polling.
 define i64 @graphopt_worker_v2(ptr %mb, i64 %thread, i64 %seen0, i64 %spins) {
 entry:
   %count.p = getelementptr i64, ptr %mb, i64 1
@@ -112,10 +121,11 @@ entry:
   %threads.p = getelementptr i64, ptr %mb, i64 3
   %stride.p = getelementptr i64, ptr %mb, i64 4
   %counters.p = getelementptr i64, ptr %mb, i64 5
-  %done.p = getelementptr i64, ptr %mb, i64 6
+  %left.p = getelementptr i64, ptr %mb, i64 6
+  %state.p = getelementptr i64, ptr %mb, i64 7
   br label %idle
 idle:
-  %seen = phi i64 [ %seen0, %entry ], [ %gen, %work ], [ %gen, %run ]
+  %seen = phi i64 [ %seen0, %entry ], [ %gen, %work ], [ %gen, %join ], [ %gen, %run ]
   br label %poll
 poll:
   %i = phi i64 [ 0, %idle ], [ %i1, %again ]
@@ -132,18 +142,42 @@ out:
 work:
   %threads = load i64, ptr %threads.p
   %mine = icmp slt i64 %thread, %threads
-  br i1 %mine, label %run, label %idle
+  %tag = and i64 %gen, 2147483647
+  br i1 %mine, label %join, label %idle
+join:
+  %s = load atomic i64, ptr %state.p acquire, align 8
+  %s.tag = lshr i64 %s, 32
+  %same = icmp eq i64 %s.tag, %tag
+  %closed.bit = and i64 %s, 2147483648
+  %open = icmp eq i64 %closed.bit, 0
+  %can = and i1 %same, %open
+  br i1 %can, label %try, label %idle
+try:
+  %s1 = add i64 %s, 1
+  %pair = cmpxchg ptr %state.p, i64 %s, i64 %s1 acq_rel acquire
+  %joined = extractvalue { i64, i1 } %pair, 1
+  br i1 %joined, label %run, label %join
 run:
   %count = load i64, ptr %count.p
   %entries.a = load i64, ptr %entries.p
   %entries = inttoptr i64 %entries.a to ptr
   %stride = load i64, ptr %stride.p
+  %threads.now = load i64, ptr %threads.p
   %counters.a = load i64, ptr %counters.p
   %counters = inttoptr i64 %counters.a to ptr
-  call void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %thread, i64 %threads,
+  call void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %thread, i64 %threads.now,
                               i64 %stride, ptr %counters)
-  %old = atomicrmw add ptr %done.p, i64 1 release
+  %old = atomicrmw add ptr %left.p, i64 1 release
   br label %idle
+}
+
+; i64 close(ptr mailbox): closes the published step to threads that have not joined it; how
+; many did.
+define i64 @graphopt_close_v2(ptr %mb) {
+  %state.p = getelementptr i64, ptr %mb, i64 7
+  %old = atomicrmw or ptr %state.p, i64 2147483648 acq_rel
+  %joined = and i64 %old, 2147483647
+  ret i64 %joined
 }
 
 ; void publish(ptr mailbox): the next generation, after every store this thread made before
@@ -183,16 +217,18 @@ WorkerFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, cty
                             ctypes.c_int64)
 WaitFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p, ctypes.c_int64)
 PublishFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
+CloseFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
 
 
 @dataclass(frozen=True)
 class Sink:
-    """The sink's functions: `run` a step's share as one thread, a pool thread's `worker`
-    loop, `publish` a step to the pool, `wait` for a counter (see SINK_IR)."""
+    """The sink's functions: `run` a step as one of its threads, a pool thread's `worker`
+    loop, `publish` a step to the pool and `close` it, `wait` for a counter (see SINK_IR)."""
 
     run: SinkFn
     worker: WorkerFn
     publish: PublishFn
+    close: CloseFn
     wait: WaitFn
 
 
@@ -211,14 +247,16 @@ def _sink_ir() -> str:
 def sink(use_cache: bool = True) -> Sink:
     """The sink's functions, loaded once per process; its object code is cached on disk like a
     kernel's (compiling it costs ~10 ms, a tenth of a warm start)."""
-    run, worker, publish, wait = runtime_functions(
-        _sink_ir(), (SINK_NAME, WORKER_NAME, PUBLISH_NAME, WAIT_NAME), use_cache)
-    return Sink(SinkFn(run), WorkerFn(worker), PublishFn(publish), WaitFn(wait))
+    run, worker, publish, close, wait = runtime_functions(
+        _sink_ir(), (SINK_NAME, WORKER_NAME, PUBLISH_NAME, CLOSE_NAME, WAIT_NAME), use_cache)
+    return Sink(SinkFn(run), WorkerFn(worker), PublishFn(publish), CloseFn(close),
+                WaitFn(wait))
 
 
 # -- the pool -----------------------------------------------------------------------------------
 SPIN_SECONDS = 300e-6  # how long a pool thread polls for the next step before it sleeps
-_MAILBOX = ("generation", "count", "entries", "threads", "stride", "counters", "done")
+_MAILBOX = ("generation", "count", "entries", "threads", "stride", "counters", "left", "state")
+_TAG_BITS = (1 << 31) - 1  # the generation bits a step's state carries
 
 
 class SinkPool:
@@ -226,7 +264,7 @@ class SinkPool:
         self.sink = sink
         self.mailbox = np.zeros(len(_MAILBOX), np.int64)
         self._address = self.mailbox.ctypes.data
-        self._done = self._address + 8 * _MAILBOX.index("done")
+        self._left = self._address + 8 * _MAILBOX.index("left")
         self._wake = threading.Condition()
         self._step = threading.Lock()  # the mailbox holds one step at a time
         self.spins = self._calibrate()
@@ -257,13 +295,14 @@ class SinkPool:
         assert threads <= self.workers + 1, "a step on more threads than the pool could never end"
         count, stride = table.shape
         with self._step:
+            generation = int(self.mailbox[0]) + 1
             self.mailbox[1:] = (count, table.ctypes.data, threads, stride,
-                                counters.ctypes.data, 0)
+                                counters.ctypes.data, 0, (generation & _TAG_BITS) << 32)
             with self._wake:
                 self.sink.publish(self._address)
                 self._wake.notify_all()
             self.sink.run(count, table.ctypes.data, 0, threads, stride, counters.ctypes.data)
-            self.sink.wait(self._done, threads - 1)
+            self.sink.wait(self._left, self.sink.close(self._address))
 
 
 _pool: SinkPool | None = None
