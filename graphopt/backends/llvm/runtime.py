@@ -19,6 +19,7 @@ step. What they return is their own (numpy allocates it: no planned buffer).
 """
 from __future__ import annotations
 
+import bisect
 import ctypes
 import math
 import operator
@@ -141,22 +142,24 @@ class NativeKernel:
         total = self.abi.total_units
         if n == 1:
             return [(0, total)]
+        # (where each instance's units start: a cut is moved to a block edge of its instance)
+        starts = [inst.unit_offset for inst in self.abi.instances] if self.abi.reductions \
+            else None
         cuts = [0]
         for t in range(1, n):
             u = total * t // n
-            if self.abi.reductions:
-                u = self._block_edge(u)
+            if starts:
+                u = self._block_edge(u, starts)
             cuts.append(max(cuts[-1], u))
         cuts.append(total)
         return [(a, b) for a, b in zip(cuts, cuts[1:]) if a < b]
 
-    def _block_edge(self, u: int) -> int:
-        for inst in self.abi.instances:
-            if inst.unit_offset <= u < inst.unit_offset + inst.units:
-                local = u - inst.unit_offset
-                return inst.unit_offset + min(inst.units, round(local / inst.block_units)
-                                              * inst.block_units)
-        return u
+    def _block_edge(self, u: int, starts: list[int]) -> int:
+        """The block edge nearest to unit u (u < total units) in the instance it falls in."""
+        inst = self.abi.instances[bisect.bisect_right(starts, u) - 1]
+        local = u - inst.unit_offset
+        return inst.unit_offset + min(inst.units, round(local / inst.block_units)
+                                      * inst.block_units)
 
     def __post_init__(self) -> None:
         node = self.node
