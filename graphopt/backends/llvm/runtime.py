@@ -543,8 +543,9 @@ class LLVMProgram:
     def _sink_table(self) -> tuple[np.ndarray, int, np.ndarray]:
         """One row per kernel: function, pointer table, partials, its number of chunks, then
         their edges (graphsink.SINK_IR); the threads the step uses (those of its most split
-        kernel) and its chunk counters. Made once per thread count."""
-        n = threads()
+        kernel) and its chunk counters. Made once per thread count (the step's, as `run` read
+        it: reading the environment again costs more than a small step's native call)."""
+        n = self._threads
         if n not in self._sink_tables:
             steps = []  # (function address, kernel, chunk edges, threads it may use)
             for node in self.nodes:
