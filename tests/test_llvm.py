@@ -606,7 +606,7 @@ def test_the_sink_cuts_large_kernels_into_chunks_that_tile_their_units(monkeypat
     for k in program.kernels:
         edges = k.chunks()
         assert edges[0] == 0 and edges[-1] == k.abi.total_units
-        assert all(a < b for a, b in zip(edges, edges[1:]))
+        assert edges == sorted(set(edges))  # strictly increasing
         assert len(edges) - 1 == (1 if len(k.splits()) == 1 else k._elements // CHUNK_ELEMENTS)
     assert max(len(k.chunks()) for k in program.kernels) - 1 == 700_000 // CHUNK_ELEMENTS
 
@@ -620,14 +620,14 @@ def test_a_sink_step_ends_on_the_caller_alone_when_another_thread_never_comes(mo
     fn, grads, ps = _adam_sink_step(sizes)
     program = fn.lower(grads).program
     fn(grads)  # step 1, through the pool; it prepares the table
-    table, used, counters = program._sink_table()
-    assert used == 2
-    counters.fill(0)
+    table = program._sink_table()
+    assert table.threads == 2
+    table.counters.fill(0)
     done = threading.Event()
 
     def alone():  # step 2: the same kernel table, thread 0 of 2, no pool thread
-        program._sink.run(table.shape[0], table.ctypes.data, 0, 2, table.shape[1],
-                          counters.ctypes.data)
+        program._sink.run(len(table.rows), table.address, 0, 2, table.rows.shape[1],
+                          table.counters_address)
         done.set()
     threading.Thread(target=alone, daemon=True).start()
     assert done.wait(60), "the caller waited for a thread that never came"
@@ -645,12 +645,12 @@ def test_a_pool_thread_that_comes_after_the_step_closed_does_not_run_it(monkeypa
     fn, grads, ps = _adam_sink_step(sizes)
     program = fn.lower(grads).program
     fn(grads)  # step 1, through the process's pool; it prepares the table
-    table, used, counters = program._sink_table()
+    table = program._sink_table()
     late = graphsink.SinkPool(program._sink, 1)  # its thread returned at once: never joins
     seen = int(late.mailbox[0])
-    counters.fill(0)
+    table.counters.fill(0)
     ended = threading.Event()
-    threading.Thread(target=lambda: (late.run(table, used, counters), ended.set()),
+    threading.Thread(target=lambda: (late.run(table), ended.set()),
                      daemon=True).start()  # step 2, the caller alone
     assert ended.wait(60), "the caller waited for a pool thread that never joined"
     after = [p.numpy().tobytes() for p in ps]

@@ -23,6 +23,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
+from typing import NamedTuple
 
 import numpy as np
 
@@ -253,6 +254,33 @@ def sink(use_cache: bool = True) -> Sink:
                 WaitFn(wait))
 
 
+class Table(NamedTuple):
+    """A step's kernel table as the sink reads it (rows: see SINK_IR), the threads it uses,
+    its chunk counters (two per row) and the addresses of both, taken once
+    (`ndarray.ctypes.data` costs microseconds, a step's own cost when the step is small)."""
+
+    rows: np.ndarray
+    threads: int
+    counters: np.ndarray
+    address: int
+    counters_address: int
+
+
+def table(rows: np.ndarray, threads: int) -> Table:
+    counters = np.zeros(2 * len(rows), np.int64)
+    return Table(rows, threads, counters, rows.ctypes.data, counters.ctypes.data)
+
+
+def run(s: Sink, t: Table) -> None:
+    """One step of table t: on this thread alone, or with the pool's threads. Its counters
+    are zeroed first."""
+    t.counters.fill(0)
+    if t.threads == 1:
+        s.run(len(t.rows), t.address, 0, 1, t.rows.shape[1], t.counters_address)
+    else:
+        pool(s).run(t)
+
+
 # -- the pool -----------------------------------------------------------------------------------
 SPIN_SECONDS = 300e-6  # how long a pool thread polls for the next step before it sleeps
 _MAILBOX = ("generation", "count", "entries", "threads", "stride", "counters", "left", "state")
@@ -289,19 +317,20 @@ class SinkPool:
                 while int(self.mailbox[0]) == seen:
                     self._wake.wait()
 
-    def run(self, table: np.ndarray, threads: int, counters: np.ndarray) -> None:
-        """One step: the table's kernels on `threads` threads, this one included; `counters`
-        (two per kernel) are zero."""
-        assert threads <= self.workers + 1, "a step on more threads than the pool could never end"
-        count, stride = table.shape
+    def run(self, t: Table) -> None:
+        """One step: the table's kernels on its threads, this one included; its counters are
+        zero."""
+        assert t.threads <= self.workers + 1, \
+            "a step on more threads than the pool could never end"
+        count, stride = t.rows.shape
         with self._step:
             generation = int(self.mailbox[0]) + 1
-            self.mailbox[1:] = (count, table.ctypes.data, threads, stride,
-                                counters.ctypes.data, 0, (generation & _TAG_BITS) << 32)
+            self.mailbox[1:] = (count, t.address, t.threads, stride, t.counters_address, 0,
+                                (generation & _TAG_BITS) << 32)
             with self._wake:
                 self.sink.publish(self._address)
                 self._wake.notify_all()
-            self.sink.run(count, table.ctypes.data, 0, threads, stride, counters.ctypes.data)
+            self.sink.run(count, t.address, 0, t.threads, stride, t.counters_address)
             self.sink.wait(self._left, self.sink.close(self._address))
 
 

@@ -394,8 +394,7 @@ class LLVMProgram:
         # that could fail are backed up when the step starts (a fully native step: none).
         self.nodes = _stores_last(self.nodes, self.native)
         self._sink = graphsink.sink(cache) if self.sink else None
-        # thread count -> (table, threads used, the chunk counters: two per row)
-        self._sink_tables: dict[int, tuple[np.ndarray, int, np.ndarray]] = {}
+        self._sink_tables: dict[int, graphsink.Table] = {}  # by thread count
         # A numpy result that views a parameter a kernel stores in place must keep its value
         # only if something reads it once a store has run: decided here, from the schedule.
         self.read_late = _read_late(self.nodes, self.native, graph, self._reads)
@@ -532,19 +531,13 @@ class LLVMProgram:
     def sink_call(self) -> None:
         """The sink over the kernel table as last prepared: on this thread, and on the
         pool's threads (graphsink.py) when the table is split."""
-        table, used, counters = self._sink_table()
-        counters.fill(0)
-        if used == 1:
-            self._sink.run(table.shape[0], table.ctypes.data, 0, 1, table.shape[1],
-                           counters.ctypes.data)
-        else:
-            graphsink.pool(self._sink).run(table, used, counters)
+        graphsink.run(self._sink, self._sink_table())
 
-    def _sink_table(self) -> tuple[np.ndarray, int, np.ndarray]:
+    def _sink_table(self) -> graphsink.Table:
         """One row per kernel: function, pointer table, partials, its number of chunks, then
-        their edges (graphsink.SINK_IR); the threads the step uses (those of its most split
-        kernel) and its chunk counters. Made once per thread count (the step's, as `run` read
-        it: reading the environment again costs more than a small step's native call)."""
+        their edges (graphsink.SINK_IR), and the threads the step uses (those of its most
+        split kernel). Made once per thread count (the step's, as `run` read it: reading the
+        environment again costs more than a small step's native call)."""
         n = self._threads
         if n not in self._sink_tables:
             steps = []  # (function address, kernel, chunk edges, threads it may use)
@@ -553,12 +546,11 @@ class LLVMProgram:
                 steps.append((k.address, k, k.chunks(), len(k.splits())))
                 if k.finish_fn is not None:  # one thread combines the partials
                     steps.append((_address(k.finish_fn), k, [0, 1], 1))
-            used = max(s[3] for s in steps)
-            table = np.zeros((len(steps), 4 + max(len(s[2]) for s in steps)), np.int64)
-            for row, (address, k, edges, _) in zip(table, steps):
+            rows = np.zeros((len(steps), 4 + max(len(s[2]) for s in steps)), np.int64)
+            for row, (address, k, edges, _) in zip(rows, steps):
                 row[:4] = (address, ctypes.addressof(k._args), k._partials_ptr, len(edges) - 1)
                 row[4:4 + len(edges)] = edges
-            self._sink_tables[n] = (table, used, np.zeros(2 * len(steps), np.int64))
+            self._sink_tables[n] = graphsink.table(rows, max(s[3] for s in steps))
         return self._sink_tables[n]
 
 
