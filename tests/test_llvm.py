@@ -625,8 +625,8 @@ def test_a_sink_step_ends_on_the_caller_alone_when_another_thread_never_comes(mo
     table.counters.fill(0)
     done = threading.Event()
 
-    def alone():  # step 2: the same kernel table, thread 0 of 2, no pool thread
-        program._sink.run(len(table.rows), table.address, 0, 2, table.rows.shape[1],
+    def alone():  # step 2: the same kernel table, on 2 threads, but no pool thread
+        program._sink.run(len(table.rows), table.address, 2, table.rows.shape[1],
                           table.counters_address)
         done.set()
     threading.Thread(target=alone, daemon=True).start()

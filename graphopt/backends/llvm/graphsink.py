@@ -31,13 +31,13 @@ from .engine import runtime_functions
 from .target import baseline
 
 SinkFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
-                          ctypes.c_int64, ctypes.c_void_p)
+                          ctypes.c_void_p)
 SINK_NAME, WORKER_NAME, PUBLISH_NAME, CLOSE_NAME, WAIT_NAME = (
     "graphopt_sink_v2", "graphopt_worker_v2", "graphopt_publish_v2", "graphopt_close_v2",
     "graphopt_wait_v2")
 YIELD_POLLS = 256  # polls of a counter before a waiting thread starts yielding its core
 
-# void sink(i64 count, i64* entries, i64 thread, i64 threads, i64 stride, i64* counters)
+# void sink(i64 count, i64* entries, i64 threads, i64 stride, i64* counters)
 #
 # Runs `count` kernels in order. Entry k (a row of `stride` i64) holds the kernel's function
 # address, its pointer table, its partials, its number of chunks n, then the n + 1 edges of
@@ -47,12 +47,12 @@ YIELD_POLLS = 256  # polls of a counter before a waiting thread starts yielding 
 # native call per thread for the step instead of one per kernel. The work is not split
 # in fixed shares: on a machine whose cores other processes also use, a thread that is not
 # running holds up at most the chunk it claimed, not half of the step, and a pool thread
-# that wakes late finds the work done (counters start at zero each step; `thread` is
-# unused, kept so the signature says who calls). Written as text: an indirect call
-# through an opaque pointer is one line here, and llvmlite's builder has no way to say it.
+# that wakes late finds the work done (counters start at zero each step). Written as text:
+# an indirect call through an opaque pointer is one line here, and llvmlite's builder has no
+# way to say it.
 SINK_IR = """
-define void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %thread, i64 %threads,
-                              i64 %stride, ptr %counters) {
+define void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %threads, i64 %stride,
+                              ptr %counters) {
 entry:
   br label %head
 head:
@@ -166,8 +166,8 @@ run:
   %threads.now = load i64, ptr %threads.p
   %counters.a = load i64, ptr %counters.p
   %counters = inttoptr i64 %counters.a to ptr
-  call void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %thread, i64 %threads.now,
-                              i64 %stride, ptr %counters)
+  call void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %threads.now, i64 %stride,
+                              ptr %counters)
   %old = atomicrmw add ptr %left.p, i64 1 release
   br label %idle
 }
@@ -276,7 +276,7 @@ def run(s: Sink, t: Table) -> None:
     are zeroed first."""
     t.counters.fill(0)
     if t.threads == 1:
-        s.run(len(t.rows), t.address, 0, 1, t.rows.shape[1], t.counters_address)
+        s.run(len(t.rows), t.address, 1, t.rows.shape[1], t.counters_address)
     else:
         pool(s).run(t)
 
@@ -330,7 +330,7 @@ class SinkPool:
             with self._wake:
                 self.sink.publish(self._address)
                 self._wake.notify_all()
-            self.sink.run(count, t.address, 0, t.threads, stride, t.counters_address)
+            self.sink.run(count, t.address, t.threads, stride, t.counters_address)
             self.sink.wait(self._left, self.sink.close(self._address))
 
 
