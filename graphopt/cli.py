@@ -208,7 +208,7 @@ def _emit(graph, emit: str, out: str | None, fastmath: bool = False, names=None)
         _write(compile_llvm(graph, fastmath=fastmath).listing(emit), out)
         return
     if emit in ("ir", "text"):
-        _write(format_graph(graph, locs=True, keep=names), out)
+        _write(format_graph(graph, locs=True, keep=names, totals=True), out)
         return
     if emit == "dot" and not out:
         print(graph.to_dot().source)

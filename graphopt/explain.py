@@ -5,7 +5,8 @@
 prints, pass by pass, the statistics and a unified diff of the text IR (or "no change"),
 then every merge `fuse` or `hfuse` refused, with its reason: the outside path that would have
 made a cycle, the spaces that did not match, the reduction needed too early, the cost term;
-last, the statistics table, the collectives of the result with the bytes each sends (if it
+last, the statistics table, the bytes one run of the result moves (the kernels', and each
+op's of the nodes numpy runs), the collectives of the result with the bytes each sends (if it
 has any), the target the LLVM backend would compile for and each kernel's vector width there.
 Nothing is compiled.
 (`graphopt opt --explain` prints the graph after the passes too.)
@@ -22,6 +23,7 @@ from .frontend.tracer import trace_function
 from .ir.graph import Graph, Value
 from .ir.printer import Namer, format_node, value_names
 from .ir.registry import COLLECTIVE, CONSTANT
+from .ir.traffic import node_bytes, readable, traffic
 from .passes import run
 from .passes.cost import bytes_sent
 from .passes.manager import PipelineResult, parse_pipeline
@@ -80,6 +82,7 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
                 where = f" [{r.loc}]" if r.loc is not None else ""
                 print(f"  {r.subject}{where}: {r.reason}", file=out)
     print(f"=== result\n{result}", file=out)
+    print_traffic(result.graph, out)
     print_collectives(result.graph, out, result.names)
     from .backends.llvm.target import describe  # (loads llvmlite: only when explaining)
     print(f"=== llvm target: {describe()}", file=out)
@@ -90,9 +93,10 @@ def explain_graph(graph: Graph, passes: str | Iterable[str] | None = None, *,
 def print_vector_widths(graph: Graph, out: TextIO | None = None,
                         names: dict[Value, str] | None = None) -> None:
     """Print the vector width of each kernel's loop at the selected target (as the text form
-    names the kernel, keeping `names` as print_collectives does; backends/llvm/vectorwidth.py: what LLVM's vectorizer will choose, from
-    the target and the kernel's types; nothing is compiled); nothing for a graph without
-    kernels or when the target is refused (the line above says why)."""
+    names the kernel, keeping `names` as print_collectives does; backends/llvm/vectorwidth.py:
+    what LLVM's vectorizer will choose, from the target and the kernel's types; nothing is
+    compiled); nothing for a graph without kernels or when the target is refused (the line
+    above says why)."""
     from .backends.llvm.target import selected
     from .backends.llvm.vectorwidth import kernel_vector_width
     from .errors import TargetError
@@ -106,6 +110,19 @@ def print_vector_widths(graph: Graph, out: TextIO | None = None,
         if n.op == "kernel":
             print(f"=== vector width of {names[n.outputs[0]]} = kernel: "
                   f"{kernel_vector_width(n)}", file=out)
+
+
+def print_traffic(graph: Graph, out: TextIO | None = None) -> None:
+    """Print the bytes one run of the graph moves (ir/traffic.py), and how much of it the
+    kernels move and how much each op of the other nodes (run by numpy: matmul, reductions,
+    gathers, assigns; views move nothing)."""
+    by_op: dict[str, int] = {}
+    for n in graph.nodes:
+        op = "kernels" if n.body is not None else n.op
+        by_op[op] = by_op.get(op, 0) + sum(node_bytes(n))
+    parts = [f"{op} {readable(b)}" for op, b in sorted(by_op.items(), key=lambda x: -x[1]) if b]
+    print(f"=== bytes per run: {traffic(graph)}{': ' if parts else ''}{', '.join(parts)}",
+          file=out)
 
 
 def _bucket_part(v: Any) -> str:

@@ -628,7 +628,7 @@ def test_all_reduce_when_sends_once_per_every_runs_and_explain_says_so(replicas)
 
 
 def test_all_reduce_when_round_trips_and_checks_its_predicate():
-    text = """graph g {
+    text = """graph g {  # bytes per run: 50 B (read 33 B, written 17 B)
   arg %x: f32[4]
   param @c: i64[]
   %0 = constant {value=2} : i64[]

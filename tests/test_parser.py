@@ -50,7 +50,8 @@ def body(*lines: str) -> str:
 
 # -- round trips --------------------------------------------------------------------------------
 def test_printer_docstring_example():
-    text = ("graph step {\n  param @w: f32[4,3]\n  arg %g: f32[4,3]\n"
+    text = ("graph step {  # bytes per run: 340 B (read 196 B, written 144 B)\n"
+            "  param @w: f32[4,3]\n  arg %g: f32[4,3]\n"
             "  %0 = constant {value=0.1} : f32[]\n  %1 = multiply %0, %g : f32[4,3]\n"
             "  %2 = subtract @w, %1 : f32[4,3]\n  %3 = assign @w, %2 : token\n"
             "  return after(%3)\n}")
@@ -225,7 +226,7 @@ def test_multi_output_and_no_output_nodes(monkeypatch):
 
 def test_all_attr_value_kinds(monkeypatch):
     monkeypatch.setitem(REGISTRY, "note", OpDef("note", ELEMENTWISE, lambda t, a: [t[0]]))
-    text = ('graph g {\n  arg %x: f32[]\n  %0 = note %x {a=true, b=-3, c=nan, d=-inf, e=inf, '
+    text = ('graph g {  # bytes per run: 8 B (read 4 B, written 4 B)\n  arg %x: f32[]\n  %0 = note %x {a=true, b=-3, c=nan, d=-inf, e=inf, '
             'f=1e-08, g=bool, h="tab\\t \\"q\\" # not a comment", i=[[0, 1], [], [2.5]]} : f32[]'
             '\n  return %0\n}')
     g = parse(text)
@@ -251,7 +252,8 @@ graph hand {   # the header
 # trailing comment
 """
     g = parse(text)
-    assert str(g) == ("graph hand {\n  param @p: f32[2]\n  arg %x: f32[2]\n"
+    assert str(g) == ("graph hand {  # bytes per run: 40 B (read 24 B, written 16 B)\n"
+                      "  param @p: f32[2]\n  arg %x: f32[2]\n"
                       "  %0 = add @p, %x : f32[2]\n  %1 = assign @p, %0 : token\n"
                       "  return %0, %x after(%1)\n}")
     assert g.outputs == [g.nodes[0].out, g.inputs[1]] and g.effects == [g.nodes[1].out]

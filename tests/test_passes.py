@@ -266,7 +266,10 @@ def test_a_reductions_result_is_bytes_written_not_read():
 
 # -- diffs that pair values by identity -------------------------------------------------------
 def _diff_lines(diff):
-    body = [l for l in diff.splitlines() if not l.startswith(("---", "+++", "@@"))]
+    """The node lines a diff removes and adds (the header, whose comment totals the bytes,
+    aside)."""
+    body = [l for l in diff.splitlines() if not l.startswith(("---", "+++", "@@", "-graph ",
+                                                              "+graph "))]
     return [l[1:].strip() for l in body if l[:1] == "-"], [l[1:].strip() for l in body if l[:1] == "+"]
 
 

@@ -113,7 +113,7 @@ def test_an_index_out_of_range_fails_the_step_and_changes_nothing(backend):
 
 
 def test_the_rows_type_prints_parses_verifies_and_draws():
-    text = """graph g {
+    text = """graph g {  # bytes per run: 200 B (read 112 B, written 88 B)
   arg %i: i64[3]
   arg %v: f32[3,2]
   param @p: f32[5,2]

@@ -247,9 +247,10 @@ class Graph:
 
     # -- showing ----------------------------------------------------------------------------
     def format(self, *, locs: bool = False) -> str:
-        """The text form (`str(graph)`); `locs=True` adds each node's source location."""
+        """The text form (`str(graph)`), its header saying the bytes one run moves;
+        `locs=True` adds each node's source location."""
         from .printer import format_graph
-        return format_graph(self, locs=locs)
+        return format_graph(self, locs=locs, totals=True)
 
     def __str__(self) -> str:
         return self.format()

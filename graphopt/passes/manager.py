@@ -153,7 +153,7 @@ class PipelineResult:
 
     def format(self) -> str:
         """The result's text form with locations, in the names of the run's printings."""
-        return format_graph(self.graph, locs=True, keep=self.names)
+        return format_graph(self.graph, locs=True, keep=self.names, totals=True)
 
     def __str__(self) -> str:
         rows = [f"{'pass':<10} {'ms':>8} {'nodes':>13} {'kernels':>8} {'MB read':>8} "
@@ -255,8 +255,8 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
     shown = value_names(g) if printing else None
     for name in names:
         if _matches(print_before, name):
-            print(f"# *** IR before {name} ***\n{format_graph(g, locs=True, keep=shown)}",
-                  file=out)
+            text = format_graph(g, locs=True, keep=shown, totals=True)
+            print(f"# *** IR before {name} ***\n{text}", file=out)
         s, shown = _run_pass(g, name, ctx, memo, verify=each, diffs=diffs, pipeline=names,
                              before=stats[-1].fingerprint if stats else None, names=shown)
         stats.append(s)
@@ -264,7 +264,7 @@ def run(graph: Graph, pipeline: str | Iterable[str] | None = None, *,
             after_pass(g, s, shown)
         if print_after_all or _matches(print_after, name) or (print_after_change and s.changed):
             print(f"# *** IR after {name}{'' if s.changed else ' (no change)'} ***\n"
-                  f"{format_graph(g, locs=True, keep=shown)}", file=out)
+                  f"{format_graph(g, locs=True, keep=shown, totals=True)}", file=out)
     if verify == "last" and not each:
         _verify(g, f"the graph does not verify after the pipeline {','.join(names) or '(none)'} "
                    f"(GRAPHOPT_VERIFY=each verifies its input and every pass, to find which "
@@ -280,7 +280,7 @@ def _run_pass(g: Graph, name: str, ctx: PassContext, memo: dict[int, tuple[int, 
     values' names in the printing before the pass, or None when nothing is printed; returned
     as they are after it."""
     before = fingerprint(g) if before is None else before
-    before_text = format_graph(g, locs=True, keep=names) if diffs else ""
+    before_text = format_graph(g, locs=True, keep=names, totals=True) if diffs else ""
     # Passes name values in refusals as a fresh printing of the graph before them does.
     fresh = value_names(g) if names is not None else {}
     refused = len(ctx.refusals)
@@ -304,7 +304,7 @@ def _run_pass(g: Graph, name: str, ctx: PassContext, memo: dict[int, tuple[int, 
         if diffs and changed:
             diff = "".join(difflib.unified_diff(
                 before_text.splitlines(True),
-                format_graph(g, locs=True, keep=kept).splitlines(True),
+                format_graph(g, locs=True, keep=kept, totals=True).splitlines(True),
                 f"before {name}", f"after {name}", n=1))
         names = kept
     read, written = graph_bytes(g, memo)

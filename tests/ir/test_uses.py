@@ -90,7 +90,7 @@ def test_replace_all_uses_with_rewrites_every_reader():
     g.nodes.remove(second)
     g.verify()
     assert_exact(g)
-    assert g.format() == """graph sgd {
+    assert g.format() == """graph sgd {  # bytes per run: 136 B (read 84 B, written 52 B)
   param @w: f32[4]
   arg %g: f32[4]
   arg %lr: f32[]
