@@ -55,3 +55,42 @@ def test_printings_after_passes_pair_values_by_identity():
     assert after[0] == "graph g {  # bytes per run: 1.04 kB (read 528 B, written 512 B)"
     assert result.format() == printed
     assert passes.run(g, "cse").names == {}
+
+
+def test_the_llvm_listing_names_each_kernel_node_and_its_lines_and_the_target_once():
+    """Each function's header says which `%N = kernel` of the graph it is and the source
+    lines fused into it; the CPU's feature string is shown once, at the top, and not in the
+    printed form of Executable.kernels; a listing with nothing compiled says so."""
+    import inspect
+
+    import numpy as np
+
+    import graphopt as go
+    from graphopt import ops
+    w = go.Parameter(np.ones(8, np.float32), name="w")
+    first = inspect.currentframe().f_lineno + 3
+
+    def step(g, x):
+        u = w - 0.1 * g
+        go.assign(w, u * 0.5)
+        return ops.matmul(x, x).sum() * 2.0
+
+    exe = go.jit(step, cache=False).lower(np.ones(8, np.float32), np.ones((3, 3), np.float32))
+    names = value_names(exe.graph)
+    text = exe.llvm_ir()
+    features = exe.kernels[0].target.features
+    assert text.startswith("; target ") and text.count(features) == 1 and features
+    headers = [line for line in text.splitlines() if re.match(r"; \S+ = kernel", line)]
+    assert len(headers) == len(exe.kernels) >= 2
+    for k in exe.kernels:
+        assert k.value == f"{names[k.node.outputs[0]]} = kernel"
+        start = f"; {k.value} from {k.lines}:" if k.lines else f"; {k.value}:"
+        assert any(h.startswith(start) and k.name in h for h in headers), (start, headers)
+        assert features not in repr(k)
+    lines = {k.lines for k in exe.kernels}
+    assert f"test_text_tools.py:{first}-{first + 1}" in lines  # the update: u, then assign
+    # (a full sum's kernel has no body node to carry its line: "")
+    assert lines <= {f"test_text_tools.py:{first}-{first + 1}",
+                     f"test_text_tools.py:{first + 2}", ""}
+    none = go.jit(lambda x: ops.matmul(x, x), cache=False).lower(np.ones((2, 2), np.float32))
+    assert none.llvm_ir().startswith("; nothing compiled")

@@ -43,6 +43,7 @@ from __future__ import annotations
 import itertools
 import math
 import operator
+import os
 from dataclasses import dataclass, field
 from typing import Any, Callable, Iterator, Sequence
 
@@ -516,3 +517,24 @@ def cost(node: Node) -> KernelCost:
                                               for space in spaces)
     indices = sum(v.type.indices_type.nbytes for v in node.inputs[:lay.lead])
     return KernelCost(read, write, fixed + reduced + indices, elements, reduced)
+
+
+def source_lines(node: Node) -> str:
+    """The user's source lines a node came from (a kernel: those of the nodes fused into
+    it, read off its body), as `step.py:8, 12-14`; "" when none is known. Per file, in
+    order, runs of lines joined."""
+    files: dict[str, set[int]] = {}
+    for n in (node, *(node.body.nodes if node.body is not None else ())):
+        if n.loc is not None:
+            files.setdefault(os.path.basename(n.loc.file), set()).add(n.loc.line)
+    parts = []
+    for file, found in files.items():
+        runs: list[list[int]] = []
+        for line in sorted(found):
+            if runs and line == runs[-1][-1] + 1:
+                runs[-1].append(line)
+            else:
+                runs.append([line])
+        spans = [f"{r[0]}-{r[-1]}" if len(r) > 1 else str(r[0]) for r in runs]
+        parts.append(f"{file}:{', '.join(spans)}")
+    return "; ".join(parts)

@@ -35,6 +35,7 @@ from ...errors import ExecutionError, LoweringError
 from ...ir import kernel as kernel_ir
 from ...ir.analysis import run_order, view_source
 from ...ir.graph import Graph, Node, Value
+from ...ir.printer import value_names
 from ...ir.registry import writes_into
 from ...ir.types import TensorType, contiguous_strides
 from ..base import NodeLoop
@@ -73,11 +74,11 @@ class NativeKernel:
     abi: KernelABI
     fastmath: bool
     key: str
-    key_parts: dict[str, str]
+    key_parts: dict[str, str] = field(repr=False)  # (the CPU's features: once, in `target`)
     compile_seconds: float
     cache_hit: bool
-    optimized_ir: str  # empty when the object code came from the cache
-    target: Target
+    optimized_ir: str = field(repr=False)  # empty when the object code came from the cache
+    target: Target = field(repr=False)
     fn: object = field(repr=False)  # the native function
     finish_fn: object = field(repr=False)  # its finisher (kernels with reductions), or None
     # Operands read where they lie in another value's memory: operand -> (base, offset,
@@ -85,6 +86,10 @@ class NativeKernel:
     views: dict[int, tuple[Value, int, tuple[int, ...]]] = field(default_factory=dict)
     calls: int = 0
     _module: object = field(default=None, repr=False)
+    # Which node of the program's graph it is, as the graph prints ("%3 = kernel"), and the
+    # user's source lines fused into it ("step.py:8-9"): set by the program.
+    value: str = ""
+    lines: str = ""
 
     @property
     def module(self):
@@ -380,6 +385,10 @@ class LLVMProgram:
                 continue
             self.kernels.append(k)
             self.native[id(node)] = k
+        names = value_names(graph)
+        for k in self.kernels:
+            results = ", ".join(names[v] for v in k.node.outputs)
+            k.value, k.lines = f"{results} = kernel", kernel_ir.source_lines(k.node)
         self.stored = {v for k in self.kernels for v in kernel_ir.written(k.node)}
         self.nodes = _unread_views_dropped(self.nodes, self.native, graph)
         # Graph inputs that native code reads as they are: the arguments that must be
@@ -463,14 +472,21 @@ class LLVMProgram:
         comment = "#" if kind == "asm" else ";"
         show = {"llvm": NativeKernel.optimized, "llvm-raw": lambda k: k.ir_text,
                 "asm": NativeKernel.asm}[kind]
-        parts = []
+        if not self.kernels:
+            nothing = "nothing compiled: the graph has no kernel node that compiles (the " \
+                "fuse pass makes them)"
+            parts = [f"{comment} {nothing}"]
+        else:  # the target once: every kernel of a program is compiled for the same
+            t = self.kernels[0].target
+            parts = [f"{comment} target {t.triple}, cpu {t.cpu}, features {t.features}"]
         for k in self.kernels:
             text = show(k)
             width = (f", vector width {kernel_vector_width(k.node, k.target)}, widest vector "
                      f"{widest_vector(text)}" if kind == "llvm" else "")
             made = "cached" if k.cache_hit else f"compiled in {k.compile_seconds * 1e3:.1f} ms"
-            parts.append(f"{comment} kernel {k.name} (cache key {k.key[:16]}, {made}{width})"
-                         f"\n{text}")
+            lines = f" from {k.lines}" if k.lines else ""
+            parts.append(f"{comment} {k.value}{lines}: function {k.name} (cache key "
+                         f"{k.key[:16]}, {made}{width})\n{text}")
         parts += [f"{comment} runs through numpy: {f.reason}" for f in self.fallbacks]
         return "\n".join(parts)
 
