@@ -94,3 +94,53 @@ def test_the_llvm_listing_names_each_kernel_node_and_its_lines_and_the_target_on
                      f"test_text_tools.py:{first + 2}", ""}
     none = go.jit(lambda x: ops.matmul(x, x), cache=False).lower(np.ones((2, 2), np.float32))
     assert none.llvm_ir().startswith("; nothing compiled")
+
+
+LOCS = """graph g {
+  arg %x: f32[4]
+  %0 = exp %x : f32[4]  loc("a.py":3)
+  %1 = exp %x : f32[4]  loc("b.py":7)
+  %2 = negative %x : f32[4]  loc("a.py":4)
+  %3 = negative %x : f32[4]
+  %4 = add %0, %1 : f32[4]  loc(grad "a.py":5)
+  %5 = add %2, %3 : f32[4]  loc("a.py":5, "a.py":9)
+  return %4, %5
+}"""
+
+
+def test_locations_of_several_lines_and_of_gradients_round_trip():
+    """`loc("a.py":5, "a.py":9)` (a node standing for several lines) and `loc(grad "a.py":5)`
+    (a backward node: the gradient of line 5) print as they are read."""
+    from graphopt.ir.graph import GradLocation, Location
+    g = parse(LOCS)
+    assert g.format(locs=True).split("\n", 1)[1] == LOCS.split("\n", 1)[1]
+    assert g.nodes[4].loc == GradLocation("a.py", 5) and g.nodes[4].loc.phase == "backward"
+    assert g.nodes[5].loc == Location("a.py", 5, (("a.py", 9),))
+    assert g.nodes[5].loc.full() == "a.py:5"
+
+
+def test_a_cse_merge_carries_every_line_or_none():
+    from graphopt import passes
+    g = passes.run(parse(LOCS), "cse").graph
+    exp, neg = (n for n in g.nodes if n.op in ("exp", "negative"))
+    assert str(exp.loc) == 'loc("a.py":3, "b.py":7)'  # both lines it stands for
+    assert neg.loc is None  # one of the two had no location: not only the other's
+
+
+def test_backward_nodes_say_which_line_they_are_the_gradient_of():
+    import inspect
+
+    import numpy as np
+
+    import graphopt as go
+    w = go.Parameter(np.ones(4, np.float32), name="w")
+    line = inspect.currentframe().f_lineno + 3
+
+    def loss(x):
+        return (go.ops.exp(w * x)).sum()
+
+    text = go.trace(lambda x: go.value_and_grad(loss)(x), np.ones(4, np.float32)).format(
+        locs=True)
+    assert f'loc(grad "test_text_tools.py":{line})' in text
+    assert f'loc("test_text_tools.py":{line})' in text  # the forward nodes
+    assert parse(text).format(locs=True) == text

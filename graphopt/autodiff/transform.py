@@ -43,7 +43,7 @@ from dataclasses import dataclass
 from typing import Any, Callable, Sequence
 
 from ..errors import GradientError, NotDifferentiableError
-from ..ir.graph import Location, Node, Value
+from ..ir.graph import GradLocation, Location, Node, Value
 from ..ir.types import TensorType
 from ..frontend import pytree
 from ..frontend.parameter import Parameter
@@ -56,13 +56,6 @@ from .rules import VJP, WHY_NOT
 # Traces in which a function is being differentiated right now: a value_and_grad called in
 # one of them would be a nested (higher-order) gradient, which is not supported.
 _DIFFERENTIATING: set[int] = set()
-
-
-class GradLocation(Location):
-    """The location of a backward node: the file:line of the forward node it differentiates.
-    It prints like any location; `phase` tells the memory report it is backward."""
-
-    phase = "backward"
 
 
 # -- the shared broadcasting helper --------------------------------------------------------------
@@ -102,7 +95,8 @@ def _mark_backward(nodes: Sequence[Node], loc: Location | None) -> None:
     """Give nodes the backward form of a forward node's location (see GradLocation)."""
     for n in nodes:
         base = loc or n.loc
-        n.loc = GradLocation(base.file, base.line) if base else GradLocation("<autodiff>", 0)
+        n.loc = GradLocation(base.file, base.line, base.more) if base else \
+            GradLocation("<autodiff>", 0)
 
 
 def backprop(trace: Trace, start: int, loss: Value, variables: Sequence[Value]) -> list[Tensor]:

@@ -32,21 +32,45 @@ if TYPE_CHECKING:
 
 @dataclass(frozen=True)
 class Location:
-    """Where the user's code created a node: file and line. `phase`: which part of a training
-    step the node belongs to ("forward"; autodiff's locations say "backward"), for the memory
-    report (liveness.py)."""
+    """Where the user's code created a node: file and line, and `more` lines when the node
+    stands for several (cse merged nodes of several lines). `phase`: which part of a
+    training step the node belongs to ("forward"; a GradLocation says "backward"), for the
+    memory report (liveness.py). Prints `loc("step.py":8)`, `loc("step.py":8, "step.py":12)`."""
 
     file: str
     line: int
+    more: tuple[tuple[str, int], ...] = ()
     phase: ClassVar[str] = "forward"
+    prefix: ClassVar[str] = ""
 
     def full(self) -> str:
         """`file:line` with the whole path, as error messages start (the IR prints the base
-        name only)."""
+        name only); the first line of several."""
         return f"{self.file}:{self.line}"
 
+    def sites(self) -> tuple[tuple[str, int], ...]:
+        """Every (file, line) it names, the first first."""
+        return ((self.file, self.line), *self.more)
+
+    def merged(self, other: Location) -> Location:
+        """The location of a node that stands for both (a cse merge): every line of each, in
+        order, once; backward only if both are (a forward node that a backward one reuses
+        is forward)."""
+        sites = tuple(dict.fromkeys(self.sites() + other.sites()))
+        kind = GradLocation if self.phase == other.phase == "backward" else Location
+        return kind(*sites[0], sites[1:])
+
     def __str__(self) -> str:
-        return f"loc({json.dumps(os.path.basename(self.file))}:{self.line})"
+        sites = ", ".join(f"{json.dumps(os.path.basename(f))}:{n}" for f, n in self.sites())
+        return f"loc({self.prefix}{sites})"
+
+
+class GradLocation(Location):
+    """The location of a backward node: the file:line of the forward node it differentiates
+    (autodiff gives it). Prints `loc(grad "step.py":8)`: the gradient of line 8."""
+
+    phase = "backward"
+    prefix = "grad "
 
 
 _serials = itertools.count()  # a unique number for every Value and Node ever made

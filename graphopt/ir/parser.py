@@ -20,7 +20,8 @@ descent parser, one method per grammar rule, builds the Graph. Grammar (EBNF; wh
     type       = "token" | tensor | "rows" "<" INT "," tensor [ "," "unique" ] ">" ;
     tensor     = dtype "[" [ INT { "," INT } ] "]" ;
     dtype      = "f16" | "bf16" | "f32" | "f64" | "i32" | "i64" | "bool" ;
-    loc        = "loc" "(" STRING ":" INT ")" ;
+    loc        = "loc" "(" [ "grad" ] site { "," site } ")" ;
+    site       = STRING ":" INT ;
     PARAM      = "@" (ident | STRING) ;                 ARG = "%" (ident | STRING) ;
     ident      = { letter | digit | "_" | "." }- ;
     NAME       = (letter | "_") { letter | digit | "_" | "." } ;
@@ -43,7 +44,7 @@ from typing import Any, Callable, TypeVar
 import numpy as np
 
 from ..errors import ParseError, ParseInputError
-from .graph import Graph, Location, Node, Value
+from .graph import GradLocation, Graph, Location, Node, Value
 from .opdefs import constant_value
 from .registry import REGISTRY, VALUE_ATTR
 from .types import DTYPES, RowsType, TensorType, Type, token, value_problem
@@ -336,11 +337,16 @@ class _Parser:
     def loc(self) -> Location:
         self.expect("loc")
         self.expect("(")
+        kind = GradLocation if self.accept("grad") else Location
+        sites = self.commas(self.site)
+        self.expect(")", " to close loc(...)")
+        return kind(*sites[0], tuple(sites[1:]))
+
+    def site(self) -> tuple[str, int]:
+        """`"file":line`, one line a location names."""
         file = json.loads(self.expect_kind("STRING", "a quoted file name").text)
         self.expect(":")
-        line = self.integer("a line number")
-        self.expect(")")
-        return Location(file, line)
+        return file, self.integer("a line number")
 
     # -- attributes -----------------------------------------------------------------------------
     def attrs(self) -> dict[str, Any]:
