@@ -92,6 +92,15 @@ def test_the_llvm_listing_names_each_kernel_node_and_its_lines_and_the_target_on
     # (a full sum's kernel has no body node to carry its line: "")
     assert lines <= {f"test_text_tools.py:{first}-{first + 1}",
                      f"test_text_tools.py:{first + 2}", ""}
+    # LLVM values are named after the body values they compute: %x0 -> x0, %2 -> v2
+    update = next(k for k in exe.kernels if k.lines.endswith(f"{first}-{first + 1}"))
+    raw = update.ir_text
+    body = value_names(update.node.body)
+    computed = [f'%"v{body[n.out][1:]}" = {op}' for n, op in
+                zip((n for n in update.node.body.nodes if n.op in ("multiply", "subtract")),
+                    ("fmul float", "fsub float", "fmul float"))]
+    assert computed and all(c in raw for c in computed), (computed, raw)
+    assert '%"x0" = load float' in raw
     none = go.jit(lambda x: ops.matmul(x, x), cache=False).lower(np.ones((2, 2), np.float32))
     assert none.llvm_ir().startswith("; nothing compiled")
 

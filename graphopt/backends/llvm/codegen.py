@@ -43,6 +43,7 @@ from llvmlite import ir
 
 from ...errors import LoweringError
 from ...ir.graph import Node, Value
+from ...ir.printer import value_names
 from ...ir.kernel import (
     ROW_KERNEL,
     body_reductions,
@@ -72,6 +73,10 @@ class _Builder:
     def __init__(self, node: Node, abi: KernelABI, fastmath: bool):
         self.node, self.abi = node, abi
         self.lay = layout(node)
+        # LLVM values are named after the body values they compute, as the IR prints them
+        # (%x1 -> x1, %3 -> v3), so the listing reads next to the kernel's body.
+        self.names = {v: ("v" if n[1:].isdigit() else "") + n[1:]
+                      for v, n in value_names(node.body).items()}
         self.module = ir.Module(name=abi.name)
         fnty = ir.FunctionType(ir.VoidType(), [I64, I64, PTR, PTR])
         self.fn = ir.Function(self.module, fnty, abi.name)
@@ -425,7 +430,7 @@ class _Builder:
             if v not in env:
                 j = index[v]
                 env[v] = self.scalars[j] if j in self.scalars else \
-                    e.load(self.ptrs[j], offset(j), v.dtype)
+                    self.named(e.load(self.ptrs[j], offset(j), v.dtype), v)
             return env[v]
 
         for v in reads:
@@ -436,8 +441,15 @@ class _Builder:
             else:
                 for v in n.inputs:
                     get(v)
-                env[n.out] = self.lower(n, env)
+                env[n.out] = self.named(self.lower(n, env), n.out)
         return env
+
+    def named(self, x: ir.Value, v: Value) -> ir.Value:
+        """x, named after the body value it computes if it is an instruction with the name
+        llvmlite gave it (".37"); llvmlite makes a repeated name unique."""
+        if isinstance(x, ir.Instruction) and x.name.startswith("."):
+            x.name = self.names.get(v, "")
+        return x
 
     def offset(self, strides: tuple[int, ...], idx: list[ir.Value]) -> ir.Value:
         off = self.i64(0)
