@@ -43,7 +43,6 @@ from llvmlite import ir
 
 from ...errors import LoweringError
 from ...ir.graph import Node, Value
-from ...ir.printer import value_names
 from ...ir.kernel import (
     ROW_KERNEL,
     body_reductions,
@@ -57,6 +56,7 @@ from ...ir.kernel import (
     stores,
     upstream,
 )
+from ...ir.printer import value_names
 from ...ir.types import TensorType
 from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, Emitter, compute_type, storage_type
