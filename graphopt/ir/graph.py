@@ -13,6 +13,7 @@ so a rewrite is `old.replace_all_uses_with(new)`, and a node leaving its graph i
 """
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
@@ -63,6 +64,15 @@ class Location:
     def __str__(self) -> str:
         sites = ", ".join(f"{json.dumps(os.path.basename(f))}:{n}" for f, n in self.sites())
         return f"loc({self.prefix}{sites})"
+
+
+def merged_location(nodes: Iterable[Node]) -> Location | None:
+    """The location of a node that stands for these (a cse merge, a kernel): every line of
+    each, or None when one of them has none (not only some of them)."""
+    locs = [n.loc for n in nodes]
+    if not locs or None in locs:
+        return None
+    return functools.reduce(Location.merged, locs)
 
 
 class GradLocation(Location):

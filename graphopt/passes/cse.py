@@ -15,7 +15,7 @@ from typing import Any
 import numpy as np
 
 from ..ir.analysis import has_effect
-from ..ir.graph import Graph, Value
+from ..ir.graph import Graph, Value, merged_location
 from ..ir.uses import replace_all_uses
 from .manager import PassContext, register
 
@@ -46,10 +46,8 @@ def cse(graph: Graph, ctx: PassContext) -> dict:
         key = (n.op, tuple(inputs), attrs_key(n.attrs), tuple(id(v) for v in n.after),
                tuple(str(v.type) for v in n.outputs))
         if key in seen:  # its readers, all later in the order, read the first one's values
-            first = seen[key][0].node
-            # The kept node stands for both: it carries the lines of each, or none when
-            # one of them has none (not only the first one's).
-            first.loc = first.loc.merged(n.loc) if first.loc and n.loc else None
+            first = seen[key][0].node  # it stands for both: the lines of each, or none
+            first.loc = merged_location((first, n))
             replace_all_uses(dict(zip(n.outputs, seen[key])))
             n.detach()
             continue
