@@ -178,9 +178,12 @@ def _node_lines(node: Node, name: Namer, indent: str, locs: bool) -> list[str]:
     line = indent + format_node(node, name, locs=locs)
     if node.body is None:
         return [line]
-    from .kernel import cost
-    return [f"{line} {{{_comment(cost, node)}", *_region(node.body, Namer(), indent + "  ", locs),
-            indent + "}"]
+    from .kernel import cost, source_lines
+    # (a kernel has no location of its own: with locations, its header names the lines of
+    # the nodes fused into it, in its comment, so a reader of the headers alone sees them)
+    lines = source_lines(node) if locs and node.loc is None else ""
+    return [f"{line} {{{_comment(cost, node)}{'; from ' + lines if lines else ''}",
+            *_region(node.body, Namer(), indent + "  ", locs), indent + "}"]
 
 
 def format_alone(node: Node) -> str:
