@@ -153,3 +153,26 @@ def test_backward_nodes_say_which_line_they_are_the_gradient_of():
     assert f'loc(grad "test_text_tools.py":{line})' in text
     assert f'loc("test_text_tools.py":{line})' in text  # the forward nodes
     assert parse(text).format(locs=True) == text
+
+
+def test_a_kernel_header_names_the_lines_fused_into_it():
+    import inspect
+
+    import numpy as np
+
+    import graphopt as go
+    w = go.Parameter(np.ones(8, np.float32), name="w")
+    first = inspect.currentframe().f_lineno + 3
+
+    def step(g):
+        u = go.ops.exp(g) * 0.5
+        go.assign(w, w - u)
+        return go.ops.sum(w)
+
+    graph = go.jit(step, backend="interpreter").lower(np.ones(8, np.float32)).graph
+    text = graph.format(locs=True)
+    headers = [line for line in text.splitlines() if "= kernel" in line]
+    assert len(headers) == 1, headers  # the update and the sum: one kernel
+    assert headers[0].endswith(f"; from test_text_tools.py:{first}-{first + 1}"), headers
+    assert "from " not in graph.format()  # (only a printing with locations names lines)
+    assert parse(text).format(locs=True) == text  # the comment is not a location
