@@ -675,3 +675,29 @@ def test_a_predicate_that_may_differ_between_ranks_is_refused(source, says):
     fixed = text.replace("%3 = all_reduce_when %x, %p", "%m = all_reduce %p {group=\"world\", "
                          "ranks=1, reduce=\"max\"} : bool[]\n  %3 = all_reduce_when %x, %m")
     parse(fixed).verify()
+
+
+@pytest.mark.parametrize("compare, refused", [("%x1", False), ("%x0", True)])
+def test_a_predicate_fused_with_a_ranks_values_is_judged_by_what_it_is_computed_from(
+        compare, refused):
+    """Fusion may put the predicate and a rank's own value in one kernel: only the outputs its
+    body computes from the rank's operands are the rank's."""
+    text = f"""graph g {{
+  arg %x: f32[]
+  param @c: f32[]
+  %0, %1 = kernel %x, @c {{spaces=[[]], outputs=["map", "map"], shared=[]}} : f32[], bool[] {{
+    arg %x0: f32[]
+    arg %x1: f32[]
+    %0 = exp %x0 : f32[]
+    %1 = constant {{value=0.0}} : f32[]
+    %2 = greater {compare}, %1 : bool[]
+    return %0, %2
+  }}
+  %3 = all_reduce_when %0, %1 {{group="world", ranks=1, reduce="sum", every=2}} : f32[]
+  return %3
+}}"""
+    if refused:
+        with pytest.raises(VerifyError, match="computed from the step input %x"):
+            parse(text).verify()
+    else:
+        parse(text).verify()

@@ -48,7 +48,7 @@ from typing import Any, Callable
 from ..errors import GraphoptError, VerifyError
 from .analysis import live_nodes, producers, unordered_readers
 from .graph import Graph, Node, Value
-from .kernel import infer_types, stores, written
+from .kernel import infer_types, layout, stores, written
 from .printer import Namer, format_node, value_names
 from .registry import (COLLECTIVE, CONSTANT, ELEMENTWISE, KERNEL, REDUCTION, REGISTRY,
                        check_attr_kinds, check_attrs)
@@ -323,9 +323,36 @@ def _check_predicates(graph: Graph, fail: Fail, describe: Callable[[Node], str])
         if op.category == COLLECTIVE and not op.predicated:  # shard, reduce_scatter
             local.update((v, v) for v in n.outputs)
             continue
+        if n.body is not None:  # a kernel: each output by what its body computes it from
+            local.update(_kernel_local(n, local))
+            continue
         source = next((local[v] for v in n.inputs if v in local), None)
         if source is not None:
             local.update((v, source) for v in n.outputs)
+
+
+def _kernel_local(n: Node, local: dict[Value, Value]) -> dict[Value, Value]:
+    """The outputs of kernel `n` computed from a rank-dependent operand, each with the input
+    it depends on: fusion may put a predicate and a rank's own values in one kernel, and only
+    the outputs its body computes from the rank's values are the rank's (per instance; the
+    token and a row kernel's rows: from every operand)."""
+    lay, body = layout(n), n.body
+    reads: dict[Value, frozenset[int]] = {v: frozenset((i,)) for i, v in enumerate(body.inputs)}
+    for b in body.nodes:
+        reads.update(dict.fromkeys(b.outputs, frozenset().union(
+            *(reads.get(v, frozenset()) for v in b.operands()))))
+    anywhere = next((local[v] for v in n.inputs if v in local), None)
+    if anywhere is None:
+        return {}
+    lead = next((local[v] for v in n.inputs[:lay.lead] if v in local), None)
+    found = {n.outputs[-1]: anywhere} if lay.has_token else {}
+    for instance in range(lay.instances):
+        for j, v in enumerate(body.outputs):
+            operands = (n.inputs[lay.operand_index(instance, i)] for i in sorted(reads[v]))
+            source = lead or next((local[o] for o in operands if o in local), None)
+            if source is not None:
+                found[n.outputs[lay.output_index(instance, j)]] = source
+    return found
 
 
 def _check_uses(graph: Graph, fail: Fail) -> None:
