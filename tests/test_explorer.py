@@ -309,3 +309,12 @@ def test_a_target_this_host_refuses_still_makes_the_page(monkeypatch):
     assert data["target"].startswith("refused")
     assert data["kernels"] and all(k["native"] is None and "not compiled" in k["fallback"]
                                    for k in data["kernels"])
+
+
+def test_a_drawing_names_values_as_its_snapshots_text_does():
+    import shutil
+    if shutil.which("dot") is None:
+        pytest.skip("graphviz's dot is not installed: nothing is drawn")
+    after = gather(parse(DEAD_FIRST), "dce")["snapshots"][-1]
+    assert "%1 = log %x" in after["ir"]
+    assert "%1 = log" in after["svg"] and "%0 = log" not in after["svg"]

@@ -156,8 +156,9 @@ class _Drawing:
             "not drawn: graphviz's `dot` program is not installed (apt install graphviz)"
             if draw else "not drawn (drawing was turned off)")
 
-    def svg(self, graph: Graph, size: int) -> tuple[str | None, str]:
-        """(the SVG or None, why not)."""
+    def svg(self, graph: Graph, size: int,
+            names: dict[Value, str] | None = None) -> tuple[str | None, str]:
+        """(the SVG or None, why not); `names`: as the snapshot's text names its values."""
         if not self.on:
             return None, self.status
         if size > MAX_DRAWN:
@@ -165,7 +166,7 @@ class _Drawing:
                           f"{MAX_DRAWN}, too many to lay out and read")
         from ..ir.export import render
         try:
-            text = render(graph, "svg", by_category=True).decode("utf-8")
+            text = render(graph, "svg", by_category=True, names=names).decode("utf-8")
         except GraphoptError as e:
             return None, f"not drawn: {e}"
         return text[text.find("<svg"):], ""  # (without the XML prologue and doctype)
@@ -181,7 +182,7 @@ def _snapshot(label: str, graph: Graph, locs: _Locations, drawing: _Drawing,
               names: dict[Value, str] | None = None) -> dict[str, Any]:
     """The graph at one point of the pipeline: its text, its nodes, its drawing (`names`: the
     names the pipeline's printings give its values, as its diffs show them)."""
-    svg, why = drawing.svg(graph, _size(graph))
+    svg, why = drawing.svg(graph, _size(graph), names)
     return {"label": label, "ir": format_graph(graph, locs=True, keep=names),
             "nodes": _nodes(graph, locs, names),
             "svg": svg, "svg_note": why}

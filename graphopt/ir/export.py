@@ -60,8 +60,10 @@ def _cut(text: str, limit: int = MAX_LABEL) -> str:
 
 
 # -- graphviz ---------------------------------------------------------------------------------
-def to_dot(graph: Graph, by_category: bool = False) -> graphviz.Digraph:
-    """A graphviz drawing of the graph. Parameters are yellow cylinders, arguments
+def to_dot(graph: Graph, by_category: bool = False,
+           names: dict[Value, str] | None = None) -> graphviz.Digraph:
+    """A graphviz drawing of the graph (`names`: names values keep, as `format_graph` takes
+    them, so a drawing matches a printing that kept them). Parameters are yellow cylinders, arguments
     ellipses, nodes boxes coloured by op (by its category with `by_category`); data edges
     are solid, ordering edges dashed; an assign (or a kernel that stores) is a bold red box
     with a dashed red edge to its parameter; a collective is a blue hexagon; a kernel is a
@@ -71,15 +73,15 @@ def to_dot(graph: Graph, by_category: bool = False) -> graphviz.Digraph:
     dot.attr(label=f"graph {graph.name}", labelloc="t", fontname="Helvetica")
     dot.attr("node", fontname="Helvetica", fontsize="11")
     dot.attr("edge", fontname="Helvetica", fontsize="9", labeldistance="1.8")
-    _draw_region(dot, graph, prefix="", top=True, by_category=by_category)
+    _draw_region(dot, graph, prefix="", top=True, by_category=by_category, names=names)
     return dot
 
 
 def _draw_region(dot: graphviz.Digraph, graph: Graph, prefix: str, top: bool,
-                 by_category: bool) -> None:
+                 by_category: bool, names: dict[Value, str] | None = None) -> None:
     """Draw inputs, nodes and return of `graph` into `dot`; ids start with `prefix` so that
     nested regions (kernel bodies) never clash with the graph around them."""
-    region = _Region(dot, prefix, by_category)
+    region = _Region(dot, prefix, by_category, names)
     for k, v in enumerate(graph.inputs):
         region.input(k, v)
     for k, node in enumerate(graph.nodes):
@@ -91,9 +93,10 @@ class _Region:
     """One region being drawn: its names (as when printed alone) and the graphviz node that
     defines each value."""
 
-    def __init__(self, dot: graphviz.Digraph, prefix: str, by_category: bool = False):
+    def __init__(self, dot: graphviz.Digraph, prefix: str, by_category: bool = False,
+                 names: dict[Value, str] | None = None):
         self.dot, self.prefix, self.by_category = dot, prefix, by_category
-        self.name = Namer()
+        self.name = Namer(names)
         self.ids: dict[Value, str] = {}
 
     def source(self, v: Value) -> str:
@@ -254,10 +257,12 @@ def dump(graph: Graph, path: str | Path) -> Path:
     return path
 
 
-def render(graph: Graph, fmt: str, by_category: bool = False) -> bytes:
+def render(graph: Graph, fmt: str, by_category: bool = False,
+           names: dict[Value, str] | None = None) -> bytes:
     """The drawing of the graph in one of RENDER_FORMATS, made by the Graphviz `dot` program
-    (a RenderError says how to install it when it is missing); `by_category`: as `to_dot`."""
-    return _render(to_dot(graph, by_category), fmt)
+    (a RenderError says how to install it when it is missing); `by_category`, `names`: as
+    `to_dot`."""
+    return _render(to_dot(graph, by_category, names), fmt)
 
 
 def _render(dot: graphviz.Digraph, fmt: str) -> bytes:
