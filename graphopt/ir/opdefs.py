@@ -15,6 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import OpTypeError
+from . import libm
 from .registry import (BOOL_ATTR, CONSTANT, CONTROL, DTYPE_ATTR, EFFECT, ELEMENTWISE, INDEX,
                        INT_ATTR, INTS_ATTR, LINALG, NN, REDUCTION, SHAPE, SHAPE_ATTR, VALUE_ATTR,
                        Decomposition, Emit, OpDef, at_least, register)
@@ -79,7 +80,7 @@ _elementwise("add", 2, np.add, NUM, commutative=True)
 _elementwise("subtract", 2, np.subtract, NUM)
 _elementwise("multiply", 2, np.multiply, NUM, commutative=True)
 _elementwise("divide", 2, np.divide, FLOAT)
-_elementwise("power", 2, np.power, NUM)
+_elementwise("power", 2, libm.power, NUM)  # the C library's pow on every CPU: see libm.py
 # maximum and minimum: x where it wins or is NaN, else y. NaN-propagating like numpy's, and of
 # two values that compare equal (+0 and -0) always the second: numpy's own loops choose by dtype
 # and SIMD level; this, and the LLVM lowering, choose alike on every CPU.

@@ -14,8 +14,9 @@ rounded after each op, as numpy does): an optimizer update gives the interpreter
 Not even `contract`: fusing a multiply-add would round once instead of twice, and these
 kernels are bound by memory, not by arithmetic. exp, log, log1p and tanh of f32 and f64 are
 inline polynomials (mathfns.py), within the few ulp docs/llvm.md states, with the same bits at
-every CPU level; pow, sin and cos come from the C math library (numpy has its own; they may
-differ in the last bit). `fastmath=True` puts `fast` on every float
+every CPU level; pow, sin and cos come from the C math library (sin and cos may differ from
+numpy's in the last bit; pow is what the interpreter calls too: graphopt/ir/libm.py).
+`fastmath=True` puts `fast` on every float
 instruction the emitter makes (not on mathfns's, whose rounding trick needs exact IEEE
 arithmetic).
 """
@@ -152,7 +153,22 @@ class Emitter:
     def pow(self, x, y):
         if not _is_float(x):
             raise LoweringError("integer power is not compiled; its kernel runs through numpy")
-        return self.intrinsic("llvm.pow", x, y)
+        if self.flags:  # fast-math: LLVM may rewrite pow(x, 0.5) as sqrt, and so on
+            return self.intrinsic("llvm.pow", x, y)
+        # The C library's pow, called as written (LLVM would fold constants with the
+        # compiling machine's pow), but where y is 2, -1 or 0.5 the one exact operation, as
+        # the interpreter does (graphopt/ir/libm.py): selects, which fold for a constant y.
+        name = "pow" if x.type == F64 else "powf"
+        fn = self.module.globals.get(name)
+        if fn is None:
+            fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type, x.type]), name)
+            fn.attributes.add("nobuiltin")
+        out = self.b.call(fn, [x, y])
+        exact = {2.0: lambda: self.b.fmul(x, x), -1.0: lambda: self.b.fdiv(ir.Constant(x.type, 1.0), x),
+                 0.5: lambda: self.intrinsic("llvm.sqrt", x)}
+        for c, value in exact.items():
+            out = self.b.select(self.b.fcmp_ordered("==", y, ir.Constant(y.type, c)), value(), out)
+        return out
 
     def maximum(self, x, y):
         return self._extremum(">", x, y)
