@@ -3,6 +3,7 @@
 No timing is asserted: machines are noisy. The benchmark itself is run by hand
 (`python benchmarks/adam.py`); see docs/performance.md.
 """
+import json
 import os
 import subprocess
 import sys
@@ -17,17 +18,21 @@ def test_adam_benchmark_quick(tmp_path):
     env = dict(os.environ, GRAPHOPT_CACHE_DIR=str(tmp_path / "cache"))
     p = subprocess.run(
         [sys.executable, str(ROOT / "benchmarks" / "adam.py"), "--quick",
-         "--impls", "graphopt,numpy", "--out", str(tmp_path / "out")],
+         "--impls", "graphopt,graphopt-bf16,graphopt-v3,numpy", "--out", str(tmp_path / "out")],
         capture_output=True, text=True, timeout=600, cwd=ROOT, env=env)
     assert p.returncode == 0, p.stdout[-3000:] + p.stderr[-3000:]
     table = p.stdout[p.stdout.index("case   implementation"):]
     rows = [line.split() for line in table.splitlines()]
     for case in ("1M", "16M", "64M", "bert", "many"):
         impls = {r[1] for r in rows if len(r) > 2 and r[0] == case}
-        assert {"graphopt", "numpy"} <= impls, (case, table)
+        assert {"graphopt", "graphopt-bf16", "graphopt-v3", "numpy"} <= impls, (case, table)
     assert "ERROR" not in table
     md = (tmp_path / "out" / "adam.md").read_text()
-    assert "| graphopt |" in md and "| numpy |" in md
+    assert "| graphopt |" in md and "| numpy |" in md and "| graphopt-bf16 |" in md
+    r = json.loads((tmp_path / "out" / "adam.json").read_text())["results"]["16M"]
+    # bf16 moments move 20 bytes per element, f32 ones 28: GB/s counts each its own way
+    for impl, nbytes in (("graphopt", 28), ("graphopt-bf16", 20), ("graphopt-v3", 28)):
+        assert r[impl]["gbps"] == pytest.approx(nbytes * r[impl]["elements"] / r[impl]["ms"] / 1e6)
     assert (tmp_path / "out" / "adam.json").exists()
 
 
