@@ -157,15 +157,20 @@ class Emitter:
             return self.intrinsic("llvm.pow", x, y)
         # The C library's pow, called as written (LLVM would fold constants with the
         # compiling machine's pow), but where y is 2, -1 or 0.5 the one exact operation, as
-        # the interpreter does (graphopt/ir/libm.py): selects, which fold for a constant y.
+        # the interpreter does (graphopt/ir/libm.py): chosen here for a constant y, by
+        # selects for one known at run time.
+        exact = {2.0: lambda: self.b.fmul(x, x),
+                 -1.0: lambda: self.b.fdiv(ir.Constant(x.type, 1.0), x),
+                 0.5: lambda: self.intrinsic("llvm.sqrt", x)}
+        if isinstance(y, ir.Constant) and y.constant in exact:  # no call left behind
+            return exact[y.constant]()
         name = "pow" if x.type == F64 else "powf"
         fn = self.module.globals.get(name)
         if fn is None:
             fn = ir.Function(self.module, ir.FunctionType(x.type, [x.type, x.type]), name)
-            fn.attributes.add("nobuiltin")
+            for attr in ("nobuiltin", "readnone", "nounwind"):  # (errno is not read: as
+                fn.attributes.add(attr)  # llvm.pow) so LICM hoists a loop-invariant call
         out = self.b.call(fn, [x, y])
-        exact = {2.0: lambda: self.b.fmul(x, x), -1.0: lambda: self.b.fdiv(ir.Constant(x.type, 1.0), x),
-                 0.5: lambda: self.intrinsic("llvm.sqrt", x)}
         for c, value in exact.items():
             out = self.b.select(self.b.fcmp_ordered("==", y, ir.Constant(y.type, c)), value(), out)
         return out
