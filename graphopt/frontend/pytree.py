@@ -60,6 +60,17 @@ def _leaf_paths(path: str, n: int) -> tuple[str, ...]:
     return tuple(f"{prefix}{i}" for i in range(n))  # shared: a tuple nobody can change
 
 
+# A dict of leaves under names, flattened on every call of a step (the arguments by name):
+# its structure and paths are made once, for names that are strings (others, such as 1 and
+# True, which a cache would take for one another, go the long way).
+@functools.lru_cache(maxsize=64)
+def _named_leaves(path: str, keys: tuple) -> tuple[tuple[str, ...], TreeDef] | None:
+    if not all(type(k) is str for k in keys):
+        return None
+    prefix = f"{path}." if path else ""
+    return tuple(f"{prefix}{k}" for k in keys), TreeDef("dict", (LEAF,) * len(keys), keys)
+
+
 def flatten(x: Any, path: str = "") -> tuple[list[Any], Sequence[str], TreeDef]:
     """Leaves in order, their dotted paths, and the structure."""
     if x is None:
@@ -70,6 +81,10 @@ def flatten(x: Any, path: str = "") -> tuple[list[Any], Sequence[str], TreeDef]:
         items = list(enumerate(x))
         kind = type(x).__name__
     elif isinstance(x, dict):
+        if type(x) is dict and _NOT_LEAVES.isdisjoint(map(type, x.values())):
+            named = _named_leaves(path, tuple(x))  # a step's (x, y), say: made once
+            if named is not None:
+                return list(x.values()), *named
         items = list(x.items())
         kind = "dict"
     elif isinstance(x, Rows):

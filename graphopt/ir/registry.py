@@ -286,6 +286,29 @@ def evaluate_into(op: OpDef, arrays: Sequence[np.ndarray], attrs: dict[str, Any]
     return out
 
 
+def evaluator(op: OpDef, attrs: dict[str, Any], in_types: Sequence[Type],
+              out_types: Sequence[Type]) -> Callable[[Sequence[np.ndarray]], list[np.ndarray]]:
+    """`evaluate` for one node, arrays -> results, with what depends only on its op and types
+    worked out once: a program runs each node every step, and a node of a small step costs
+    about as much in these checks as in numpy."""
+    halves = any(isinstance(t, TensorType) and t.dtype.np_dtype in _HALVES for t in in_types)
+    if len(out_types) != 1 or not isinstance(out_types[0], TensorType) or (
+            halves and op.category == ELEMENTWISE):
+        return lambda arrays: evaluate(op, arrays, attrs, out_types)
+    impl, dtype, shape = op.impl, out_types[0].dtype.np_dtype, out_types[0].shape
+
+    def one(arrays: Sequence[np.ndarray]) -> list[np.ndarray]:  # (evaluate's steps)
+        r = impl(*arrays, **attrs)
+        if isinstance(r, tuple) and not isinstance(r, RowsArray):
+            r = r[0]
+        a = np.asarray(r)
+        if a.dtype != dtype:
+            a = a.astype(dtype)
+        assert a.shape == shape, (op.name, a.shape, shape)
+        return [a]
+    return one
+
+
 def evaluate(op: OpDef, arrays: Sequence[np.ndarray], attrs: dict[str, Any],
              out_types: Sequence[Type]) -> list[np.ndarray]:
     """Run an op's numpy semantics and return arrays of exactly the declared output types."""

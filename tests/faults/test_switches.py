@@ -227,3 +227,21 @@ def test_a_step_under_a_target_llvm_does_not_know(child):
     for (_, _, says), (said, w) in zip(cases, results):
         assert said.startswith("TargetError ") and says in said, said
         assert w == "w [1.0, 1.0, 1.0, 1.0]"
+
+
+def test_a_switch_read_per_call_follows_os_environ(monkeypatch):
+    """envvars reads a step's switches (the threads, the target) from os.environ's own
+    store: set, changed, removed, a non-ASCII value, and an os.environ replaced by another
+    mapping are all seen as os.environ.get sees them."""
+    assert envvars.get("GRAPHOPT_CPU") == "host"
+    monkeypatch.setenv("GRAPHOPT_CPU", "x86-64-v3")
+    assert envvars.get("GRAPHOPT_CPU") == "x86-64-v3"
+    monkeypatch.setenv("GRAPHOPT_THREADS", "1")
+    assert envvars.threads() == 1
+    os.environ["GRAPHOPT_CPU_FEATURES"] = "+avx2,\u00e9"
+    assert envvars.get("GRAPHOPT_CPU_FEATURES") == os.environ.get("GRAPHOPT_CPU_FEATURES")
+    del os.environ["GRAPHOPT_CPU_FEATURES"]
+    monkeypatch.delenv("GRAPHOPT_CPU")
+    assert (envvars.get("GRAPHOPT_CPU"), envvars.get("GRAPHOPT_CPU_FEATURES")) == ("host", "")
+    monkeypatch.setattr(os, "environ", {"GRAPHOPT_CPU": "x86-64"})
+    assert envvars.get("GRAPHOPT_CPU") == "x86-64"
