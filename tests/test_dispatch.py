@@ -148,3 +148,29 @@ def test_a_sink_program_reads_the_parameter_arrays_it_is_given():
     np.testing.assert_allclose(copy, before - 0.125, rtol=1e-6)
     fn(g)  # and the Parameter's own buffer again
     np.testing.assert_allclose(p.numpy(), before - 0.125, rtol=1e-6)
+
+
+def test_a_kernel_called_alone_runs_the_units_of_the_current_thread_count(monkeypatch):
+    """A kernel called one by one (a matmul between kernels: no graph sink) reads its units
+    from a record set with the thread count: a step on 2 threads, then on 1, then on 2 again
+    computes every element each time, as the interpreter does."""
+    n = 4 * (1 << 17)  # large enough to split over 2 threads
+    rng = np.random.default_rng(5)
+    x0, w0 = rng.standard_normal((n // 4, 4)).astype(np.float32), np.eye(4, dtype=np.float32)
+    got = {}
+    for backend in ("llvm", "interpreter"):
+        w = go.Parameter(w0, name="w")
+
+        def step(x):
+            h = ops.exp(x * 0.5) @ w  # a kernel, then a matmul
+            go.assign(w, w * 0.5)
+            return ops.sum(h * h)
+        fn = go.jit(step, backend=backend, cache=False)
+        results = []
+        for threads in ("2", "1", "2", "1"):
+            monkeypatch.setenv("GRAPHOPT_THREADS", threads)
+            results.append(float(fn(x0)))
+        got[backend] = results
+        if backend == "llvm":
+            assert not fn.lower(x0).program.sink
+    np.testing.assert_allclose(got["llvm"], got["interpreter"], rtol=1e-4)

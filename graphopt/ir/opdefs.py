@@ -258,15 +258,17 @@ def _identity_view(shape: Sequence[int], strides: Sequence[int], out_shape: Sequ
     return 0, tuple(strides)
 
 
+# (The array's own reshape and transpose: np.reshape's and np.transpose's dispatch costs more
+# than the view they make, and a step runs such views between every two matmuls.)
 register(OpDef("reshape", SHAPE, _reshape_infer,
-               lambda x, shape: np.reshape(x, tuple(shape)), attrs=("shape",),
+               lambda x, shape: np.asarray(x).reshape(shape), attrs=("shape",),
                attr_kinds=(SHAPE_ATTR,), view=_reshape_view))
 register(OpDef("broadcast_to", SHAPE, _broadcast_to_infer,
                lambda x, shape: np.broadcast_to(x, tuple(shape)), attrs=("shape",),
                attr_kinds=(SHAPE_ATTR,),
                view=_broadcast_to_view))
 register(OpDef("transpose", SHAPE, _transpose_infer,
-               lambda x, perm: np.transpose(x, tuple(perm)), attrs=("perm",),
+               lambda x, perm: np.asarray(x).transpose(perm), attrs=("perm",),
                attr_kinds=(INTS_ATTR,),
                view=_transpose_view))
 
@@ -561,9 +563,14 @@ def _check_bounds_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Ty
 
 
 def _check_bounds(x: np.ndarray, limit: int) -> np.ndarray:
-    if x.size and (x.min() < 0 or x.max() >= limit):
+    # One reduction, not a min and a max (each costs microseconds on a step's few labels):
+    # read as unsigned, a negative label is above any limit.
+    if x.size and np.maximum.reduce(x.view(_UNSIGNED[x.dtype]), axis=None) >= limit:
         raise IndexError(f"a label is outside [0, {limit})")
     return x
+
+
+_UNSIGNED = {np.dtype(np.int32): np.uint32, np.dtype(np.int64): np.uint64}
 
 
 register(OpDef("check_bounds", INDEX, _check_bounds_infer, _check_bounds, attrs=("limit",),

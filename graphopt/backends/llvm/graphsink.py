@@ -32,9 +32,9 @@ from .target import baseline
 
 SinkFn = ctypes.CFUNCTYPE(None, ctypes.c_int64, ctypes.c_void_p, ctypes.c_int64, ctypes.c_int64,
                           ctypes.c_void_p)
-SINK_NAME, WORKER_NAME, PUBLISH_NAME, CLOSE_NAME, WAIT_NAME = (
+SINK_NAME, WORKER_NAME, PUBLISH_NAME, CLOSE_NAME, WAIT_NAME, CALL_NAME, SINK_CALL_NAME = (
     "graphopt_sink_v2", "graphopt_worker_v2", "graphopt_publish_v2", "graphopt_close_v2",
-    "graphopt_wait_v2")
+    "graphopt_wait_v2", "graphopt_call_v2", "graphopt_sink_call_v2")
 YIELD_POLLS = 256  # polls of a counter before a waiting thread starts yielding its core
 
 # void sink(i64 count, i64* entries, i64 threads, i64 stride, i64* counters)
@@ -188,6 +188,25 @@ define void @graphopt_publish_v2(ptr %mb) {
   ret void
 }
 
+; void call(ptr record): one kernel called alone, on units [lo, hi), from a record of i64s
+; (function, lo, hi, pointer table, partials). ctypes converts each argument of a call from
+; Python (~0.3 us an integer), and passes a record it is given as a pointer for ~0.1 us: on
+; a small step, a kernel's four arguments cost more than its work (runtime.NativeKernel).
+define void @graphopt_call_v2(ptr %rec) {
+{call_record}
+  call void %fn(i64 %lo, i64 %hi, ptr %args, ptr %part)
+  ret void
+}
+
+; void sink_call(ptr record): the sink on a table, from a record of i64s (count, entries,
+; threads, stride, counters): the caller's call of a step, for the same reason.
+define void @graphopt_sink_call_v2(ptr %rec) {
+{sink_record}
+  call void @graphopt_sink_v2(i64 %count, ptr %entries, i64 %threads, i64 %stride,
+                              ptr %counters)
+  ret void
+}
+
 ; void wait(ptr counter, i64 goal): returns once *counter >= goal. After YIELD_POLLS polls
 ; it yields its core at each poll: the thread it waits for may be one the OS has not
 ; running, for want of a free core.
@@ -221,16 +240,30 @@ PublishFn = ctypes.CFUNCTYPE(None, ctypes.c_void_p)
 CloseFn = ctypes.CFUNCTYPE(ctypes.c_int64, ctypes.c_void_p)
 
 
+class Record(ctypes.Structure):
+    """Five i64s a native call reads its arguments from (`call`: function, lo, hi, pointer
+    table, partials; `sink_call`: count, entries, threads, stride, counters): ctypes passes
+    one as a pointer, without converting anything (see SINK_IR's call)."""
+
+    _fields_ = [(f"word{i}", ctypes.c_int64) for i in range(5)]
+
+
+RecordFn = ctypes.CFUNCTYPE(None, ctypes.POINTER(Record))
+
+
 @dataclass(frozen=True)
 class Sink:
-    """The sink's functions: `run` a step as one of its threads, a pool thread's `worker`
-    loop, `publish` a step to the pool and `close` it, `wait` for a counter (see SINK_IR)."""
+    """The sink's functions: `run` a step as one of its threads (`run_record`: from a
+    Record), a pool thread's `worker` loop, `publish` a step to the pool and `close` it,
+    `wait` for a counter, `call` one kernel from a Record (see SINK_IR)."""
 
     run: SinkFn
     worker: WorkerFn
     publish: PublishFn
     close: CloseFn
     wait: WaitFn
+    call: RecordFn
+    run_record: RecordFn
 
 
 def _sink_ir() -> str:
@@ -238,20 +271,39 @@ def _sink_ir() -> str:
     # hardware thread runs on); other targets spin without it. Yielding is POSIX's
     # sched_yield (in the C library every POSIX process has loaded); elsewhere a wait spins.
     x86, posix = baseline().is_x86, os.name == "posix"
-    return (SINK_IR.replace("{pause}", 'call void asm sideeffect "pause", ""()' if x86 else "")
+    return (SINK_IR.replace("{call_record}", _record("fn", "*lo", "*hi", "args", "part"))
+            .replace("{sink_record}", _record("*count", "entries", "*threads", "*stride",
+                                              "counters"))
+            .replace("{pause}", 'call void asm sideeffect "pause", ""()' if x86 else "")
             .replace("{yield_polls}", str(YIELD_POLLS))
             .replace("{yield}", "%r = call i32 @sched_yield()" if posix else "")
             .replace("{declare}", "declare i32 @sched_yield()" if posix else ""))
+
+
+def _record(*words: str) -> str:
+    """IR that loads the words of the Record at %rec into values of these names: an i64 for
+    a name marked `*`, else a pointer."""
+    lines = []
+    for i, word in enumerate(words):
+        name = word.lstrip("*")
+        lines.append(f"  %{name}.p = getelementptr i64, ptr %rec, i64 {i}")
+        if word.startswith("*"):
+            lines.append(f"  %{name} = load i64, ptr %{name}.p")
+        else:
+            lines += [f"  %{name}.a = load i64, ptr %{name}.p",
+                      f"  %{name} = inttoptr i64 %{name}.a to ptr"]
+    return "\n".join(lines)
 
 
 @functools.cache
 def sink(use_cache: bool = True) -> Sink:
     """The sink's functions, loaded once per process; its object code is cached on disk like a
     kernel's (compiling it costs ~10 ms, a tenth of a warm start)."""
-    run, worker, publish, close, wait = runtime_functions(
-        _sink_ir(), (SINK_NAME, WORKER_NAME, PUBLISH_NAME, CLOSE_NAME, WAIT_NAME), use_cache)
+    run, worker, publish, close, wait, call, run_record = runtime_functions(
+        _sink_ir(), (SINK_NAME, WORKER_NAME, PUBLISH_NAME, CLOSE_NAME, WAIT_NAME, CALL_NAME,
+                     SINK_CALL_NAME), use_cache)
     return Sink(SinkFn(run), WorkerFn(worker), PublishFn(publish), CloseFn(close),
-                WaitFn(wait))
+                WaitFn(wait), RecordFn(call), RecordFn(run_record))
 
 
 class Table(NamedTuple):
@@ -264,11 +316,13 @@ class Table(NamedTuple):
     counters: np.ndarray
     address: int
     counters_address: int
+    record: Record  # the sink's arguments for this table (Sink.run_record)
 
 
 def table(rows: np.ndarray, threads: int) -> Table:
     counters = np.zeros(2 * len(rows), np.int64)
-    return Table(rows, threads, counters, rows.ctypes.data, counters.ctypes.data)
+    record = Record(len(rows), rows.ctypes.data, threads, rows.shape[1], counters.ctypes.data)
+    return Table(rows, threads, counters, rows.ctypes.data, counters.ctypes.data, record)
 
 
 def run(s: Sink, t: Table) -> None:
@@ -276,7 +330,7 @@ def run(s: Sink, t: Table) -> None:
     are zeroed first."""
     t.counters.fill(0)
     if t.threads == 1:
-        s.run(len(t.rows), t.address, 1, t.rows.shape[1], t.counters_address)
+        s.run_record(t.record)
     else:
         pool(s).run(t)
 
@@ -294,6 +348,7 @@ class SinkPool:
         self._address = self.mailbox.ctypes.data
         self._left = self._address + 8 * _MAILBOX.index("left")
         self._wake = threading.Condition()
+        self._sleeping = 0  # pool threads asleep on _wake, or about to look and sleep
         self._step = threading.Lock()  # the mailbox holds one step at a time
         self.spins = self._calibrate()
         self.workers = workers
@@ -314,8 +369,12 @@ class SinkPool:
         while True:
             seen = self.sink.worker(self._address, thread, seen, self.spins)
             with self._wake:
-                while int(self.mailbox[0]) == seen:
-                    self._wake.wait()
+                self._sleeping += 1  # before it looks: see run
+                try:
+                    while int(self.mailbox[0]) == seen:
+                        self._wake.wait()
+                finally:
+                    self._sleeping -= 1
 
     def run(self, t: Table) -> None:
         """One step: the table's kernels on its threads, this one included; its counters are
@@ -327,10 +386,15 @@ class SinkPool:
             generation = int(self.mailbox[0]) + 1
             self.mailbox[1:] = (count, t.address, t.threads, stride, t.counters_address, 0,
                                 (generation & _TAG_BITS) << 32)
-            with self._wake:
-                self.sink.publish(self._address)
-                self._wake.notify_all()
-            self.sink.run(count, t.address, t.threads, stride, t.counters_address)
+            self.sink.publish(self._address)
+            # Only a thread asleep needs waking (a Condition's notify costs microseconds in
+            # Python; back-to-back steps find the threads polling). A thread counts itself
+            # asleep before it looks at the generation: so either it sees this one, or this
+            # sees it counted, and its notify waits for the thread to be in wait().
+            if self._sleeping:
+                with self._wake:
+                    self._wake.notify_all()
+            self.sink.run_record(t.record)
             self.sink.wait(self._left, self.sink.close(self._address))
 
 

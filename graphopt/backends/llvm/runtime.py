@@ -86,6 +86,8 @@ class NativeKernel:
     views: dict[int, tuple[Value, int, tuple[int, ...]]] = field(default_factory=dict)
     calls: int = 0
     _module: object = field(default=None, repr=False)
+    # graphsink's `call`: the function, called alone, with its arguments from a Record.
+    call: object = field(default=None, repr=False)
     # Which node of the program's graph it is, as the graph prints ("%3 = kernel"), and the
     # user's source lines fused into it ("step.py:8-9"): set by the program.
     value: str = ""
@@ -124,6 +126,7 @@ class NativeKernel:
         unit ranges are worked out when it changes, not at every call."""
         self._threads = n
         self._ranges = self.splits()
+        self._record.word1, self._record.word2 = self._ranges[0]
 
     def splits(self) -> list[tuple[int, int]]:
         """Unit ranges, one per thread (of `self.threads`, which the program sets from
@@ -206,6 +209,12 @@ class NativeKernel:
         self._partials: np.ndarray | None = None
         self._splits: dict[int, list[tuple[int, int]]] = {}
         self._planned: list[list[np.ndarray | None]] | None = None  # see use_planned
+        # A call on one thread, and the finisher's, as records (function, units, pointer
+        # table, partials; graphsink.Record): their units are set with the thread count,
+        # their partials when made.
+        table = ctypes.addressof(self._args)
+        self._record = graphsink.Record(self.address, 0, 0, table, 0)
+        self._finish_record = graphsink.Record(_address(self.finish_fn), 0, 1, table, 0)
         self.threads = threads()
 
     def use_planned(self, buffers: dict[Value, np.ndarray]) -> None:
@@ -244,13 +253,17 @@ class NativeKernel:
                                      f"of partial results, more than there is memory for; "
                                      f"no parameter was changed") from None
             self._partials_address = self._partials.ctypes.data
+            self._record.word4 = self._finish_record.word4 = self._partials_address
 
     def run(self, arrays: list[np.ndarray]) -> list[np.ndarray]:
         rows = self.prepare(arrays)
-        ranges, partials = self._ranges, self._partials_ptr
+        if self._partials is None:
+            self.make_partials()
+        ranges = self._ranges
         if len(ranges) == 1:
-            self.fn(*ranges[0], self._args, partials)
+            self.call(self._record)  # (self.fn(*ranges[0], self._args, partials), quicker)
         else:  # the other threads first, then this one; ctypes releases the GIL
+            partials = self._partials_address
             futures = [_workers().submit(self.fn, lo, hi, self._args, partials)
                        for lo, hi in ranges[1:]]
             self.fn(ranges[0][0], ranges[0][1], self._args, partials)
@@ -267,8 +280,9 @@ class NativeKernel:
     def operands(self, env: dict) -> list[np.ndarray]:
         """The arrays to call with: each operand's, or its view's base, C-contiguous."""
         arrays = [env[v] for v in self.sources]
-        for i in range(self._lead):
-            arrays[i] = arrays[i].indices
+        if self._lead:
+            for i in range(self._lead):
+                arrays[i] = arrays[i].indices
         for i, v, dtype in self._unchecked:
             a = arrays[i]
             flags = a.flags if type(a) is np.ndarray else None
@@ -308,7 +322,8 @@ class NativeKernel:
         partial results were combined already (the sink runs the finisher itself)."""
         self.calls += 1
         if self.finish_fn is not None and not combined:
-            self.finish_fn(0, 1, self._args, self._partials_ptr)
+            self.make_partials()  # (once: it puts their address in the record)
+            self.call(self._finish_record)
         if rows is self._planned:  # the same buffers every call: the list made once
             return self._planned_results
         results = [a for row in rows for a in row]
@@ -367,7 +382,7 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool,
     return NativeKernel(node, built.get("abi", abi), fastmath, key, parts,
                         time.perf_counter() - start, hit, built.get("optimized", ""), target,
                         fns[0], fns[1] if abi.finisher else None, views,
-                        _module=built.get("module"))
+                        _module=built.get("module"), call=graphsink.sink(use_cache).call)
 
 
 class LLVMProgram:
