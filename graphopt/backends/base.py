@@ -7,6 +7,7 @@ and report a failing one the same way.
 """
 from __future__ import annotations
 
+import operator
 from typing import Any, Callable, Collection, Mapping, Protocol, Sequence
 
 import numpy as np
@@ -100,7 +101,7 @@ class NodeLoop:
         keep = set(keep) if self.stored else set()
         self.steps = [_step(n, (native or {}).get(id(n)), keep, into or {}) for n in nodes]
 
-    def __call__(self, env: dict[Value, Any], steps: slice = slice(None)
+    def __call__(self, env: dict[Value, Any], steps: slice | None = None
                  ) -> dict[str, np.ndarray]:
         """Run the steps (all, or a slice of them) on `env`; the new value of each assigned
         parameter (committed by the caller once the whole graph has run)."""
@@ -108,7 +109,7 @@ class NodeLoop:
         roots = _StoredRoots(self.stored, env)
         # NaN and Inf are values a training step works with (loss scaling looks for them).
         with np.errstate(all="ignore"):
-            for step in self.steps[steps]:
+            for step in self.steps if steps is None else self.steps[steps]:
                 step(env, updates, roots)
         return updates
 
@@ -125,11 +126,24 @@ def run_nodes(nodes: Sequence[Node], env: dict[Value, Any], *,
     return NodeLoop(nodes, native=native, stored=stored, keep=keep, into=into)(env)
 
 
+def gather(keys: Sequence[Value]) -> Callable[[Mapping[Value, Any]], tuple]:
+    """A function that takes the values at `keys` out of a mapping, as a tuple: an
+    itemgetter (one C call; a list comprehension costs several times more on a node's few
+    operands), and the same tuple shape for one key or none."""
+    if len(keys) > 1:
+        return operator.itemgetter(*keys)
+    if keys:
+        key = keys[0]
+        return lambda env: (env[key],)
+    return lambda env: ()
+
+
 def _step(node: Node, compiled: NativeNode | None, keep: set[Value],
           into: Mapping[Value, np.ndarray]) -> Step:
     """The closure that runs one node: an assign's collection, a compiled node's call, or the
     op's numpy function (into its planned buffer where it has one)."""
     op, ins, outs, attrs = node.opdef, tuple(node.inputs), tuple(node.outputs), node.attrs
+    operands = gather(ins)
     if op.has_effect:  # an assign (a store is only ever in a kernel body)
         name, source, token = ins[0].name, ins[1], node.out
 
@@ -148,7 +162,7 @@ def _step(node: Node, compiled: NativeNode | None, keep: set[Value],
         out = outs[0]
 
         def planned(env, updates, roots):
-            args = [env[v] for v in ins]
+            args = operands(env)
             try:  # (inline, not _guarded: a call less per node, and the step calls every node)
                 evaluate_into(op, args, attrs, buffer)
             except GraphoptError:
@@ -160,13 +174,13 @@ def _step(node: Node, compiled: NativeNode | None, keep: set[Value],
     kept = [v for v in outs if v in keep]
     if node.body is not None:  # a kernel numpy runs (its op has no lowering)
         def fallback(env, updates, roots):
-            env.update(zip(outs, _kernel(node, [env[v] for v in ins], updates)))
+            env.update(zip(outs, _kernel(node, list(operands(env)), updates)))
             _keep(env, kept, roots)
         return fallback
     compute = evaluator(op, attrs, [v.type for v in ins], [v.type for v in outs])
 
     def numpy(env, updates, roots):
-        args = [env[v] for v in ins]
+        args = operands(env)
         try:
             results = compute(args)
         except GraphoptError:

@@ -27,6 +27,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
+from typing import Sequence
 
 import numpy as np
 
@@ -38,7 +39,7 @@ from ...ir.graph import Graph, Node, Value
 from ...ir.printer import value_names
 from ...ir.registry import writes_into
 from ...ir.types import TensorType, contiguous_strides
-from ..base import NodeLoop
+from ..base import NodeLoop, gather
 from . import engine, graphsink, memplan
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
@@ -175,6 +176,7 @@ class NativeKernel:
         # The value each operand is read from (a view's base) and where in it, in bytes.
         self.sources = [self.views[i][0] if i in self.views else v
                         for i, v in enumerate(node.inputs)]
+        self._gather = gather(self.sources)
         self._offsets = [self.views[i][1] * v.dtype.itemsize if i in self.views else 0
                          for i, v in enumerate(node.inputs)]
         # Where each mapped output goes: (instance, body output) -> a new array per call.
@@ -277,12 +279,14 @@ class NativeKernel:
         native code reads, by the Executable."""
         return self.run(self.operands(env))
 
-    def operands(self, env: dict) -> list[np.ndarray]:
+    def operands(self, env: dict) -> Sequence[np.ndarray]:
         """The arrays to call with: each operand's, or its view's base, C-contiguous."""
-        arrays = [env[v] for v in self.sources]
-        if self._lead:
-            for i in range(self._lead):
-                arrays[i] = arrays[i].indices
+        arrays = self._gather(env)
+        if not (self._lead or self._unchecked):
+            return arrays
+        arrays = list(arrays)
+        for i in range(self._lead):
+            arrays[i] = arrays[i].indices
         for i, v, dtype in self._unchecked:
             a = arrays[i]
             flags = a.flags if type(a) is np.ndarray else None
@@ -445,11 +449,12 @@ class LLVMProgram:
         self._early = [v for v in graph.outputs if v in self.stored]
         # A graph-sink step whose kernels read every operand where it lies (no copy made for a
         # call) needs its pointer tables filled again only when a graph input is another
-        # array than the last step's: the graph inputs the kernels read, and those arrays.
-        self._sink_inputs = list(dict.fromkeys(
-            v for k in self.kernels for v in k.sources if v.is_input)) \
+        # array than the last step's: _sink_inputs takes the graph inputs the kernels read out
+        # of a step's inputs (base.gather), _sink_seen holds the last step's.
+        self._sink_inputs = gather(list(dict.fromkeys(
+            v for k in self.kernels for v in k.sources if v.is_input))) \
             if self.sink and not any(k._unchecked for k in self.kernels) else None
-        self._sink_seen: list[np.ndarray] | None = None  # (None: no step ran yet)
+        self._sink_seen: tuple[np.ndarray, ...] | None = None  # (None: no step ran yet)
         self._sink_made: dict[Value, object] = {}
 
     def _reads(self, node: Node) -> list[Value]:
@@ -566,7 +571,7 @@ class LLVMProgram:
         kernels made. The pointer tables are filled only when they may have changed (see
         _sink_inputs): the kernels' outputs are then their planned buffers, as last step."""
         if self._sink_inputs is not None:
-            seen = [inputs[v] for v in self._sink_inputs]
+            seen = self._sink_inputs(inputs)
             if self._sink_seen is not None and all(map(operator.is_, seen, self._sink_seen)):
                 for k in self.kernels:
                     k.calls += 1
