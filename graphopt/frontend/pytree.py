@@ -102,7 +102,17 @@ def flatten(x: Any, path: str = "") -> tuple[list[Any], Sequence[str], TreeDef]:
         paths += ps
         children.append(t)
     keys = tuple(k for k, _ in items) if kind == "dict" else ()
+    if all(type(k) is str for k in keys):  # (the structure of every call: one object)
+        return leaves, paths, _node(kind, tuple(children), keys)
     return leaves, paths, TreeDef(kind, tuple(children), keys)
+
+
+@functools.lru_cache(maxsize=256)
+def _node(kind: str, children: tuple[TreeDef, ...], keys: tuple[str, ...]) -> TreeDef:
+    """One TreeDef per structure: a step's calls flatten to the same object, which jit's
+    check of a repeated call compares by identity first (keys that are strings only: 1 and
+    True, which a cache would take for one another, make their own)."""
+    return TreeDef(kind, children, keys)
 
 
 def unflatten(tree: TreeDef, leaves: list[Any]) -> Any:
