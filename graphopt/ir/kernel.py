@@ -95,9 +95,76 @@ def output_shape(kind: str, space: Sequence[int]) -> tuple[int, ...]:
     return row_shape(space, k) if op == ROW else reduced_shape(kind, space)
 
 
+def is_row_reduction(n: Node) -> bool:
+    """A body node that reduces rows (keepdims=true; see the module's doc)."""
+    return n.opdef.category == REDUCTION and n.attrs["keepdims"]
+
+
+def is_finish_reduction(n: Node) -> bool:
+    """A body node that reduces the space's leading axes (keepdims=false): its value exists
+    once the kernel's blocks are combined, in the finish stage (see the module's doc)."""
+    return n.opdef.category == REDUCTION and not n.attrs["keepdims"]
+
+
 def body_reductions(body: Graph) -> list[Node]:
     """A body's row reductions (see the module's doc), in body order."""
-    return [n for n in body.nodes if n.opdef.category == REDUCTION]
+    return [n for n in body.nodes if is_row_reduction(n)]
+
+
+def finish_reductions(body: Graph) -> list[Node]:
+    """A body's finish reductions, in body order."""
+    return [n for n in body.nodes if is_finish_reduction(n)]
+
+
+def finish_values(body: Graph) -> set[Value]:
+    """The body values of the finish stage: its reductions' results and what is computed
+    from them (a store of one among them, its token)."""
+    stage: set[Value] = set()
+    for n in body.nodes:
+        if is_finish_reduction(n) or not stage.isdisjoint(n.inputs):
+            stage.update(n.outputs)
+    return stage
+
+
+@dataclass(frozen=True)
+class Stages:
+    """A body split into its element stage and its finish stage: the nodes each runs (a
+    node only the finish needs, computed from scalars and constants, in the finish only),
+    the stores of each ((body input, store), as `stores` gives them), the finish reductions,
+    the axes they reduce (k: the leading k; None: no finish stage) and the body inputs each
+    stage reads (the element stage of a kernel with no finish: all of them)."""
+
+    element: list[Node]
+    finish: list[Node]
+    element_stores: list[tuple[int, Node]]
+    finish_stores: list[tuple[int, Node]]
+    reductions: list[Node]
+    k: int | None
+    finish_inputs: list[int]
+    element_inputs: list[int]
+
+
+def stages(body: Graph) -> Stages:
+    reds = finish_reductions(body)
+    if not reds:
+        return Stages([n for n in body.nodes if n.op != "store"], [], stores(body), [], [],
+                      None, [], list(range(len(body.inputs))))
+    late = finish_values(body)
+    all_stores = stores(body)
+    finish_stores = [(j, n) for j, n in all_stores if n.out in late]
+    known = {m.out for m in reds}
+    finish = [n for n in upstream(body, [n.inputs[1] for _, n in finish_stores], known)
+              if n not in reds] if finish_stores else []
+    element_roots = list(body.outputs) + [m.inputs[0] for m in reds] + \
+        [n.inputs[1] for _, n in all_stores if n.out not in late]
+    element = upstream(body, element_roots, set())
+    index = {x: j for j, x in enumerate(body.inputs)}
+    reads = {v for n in finish for v in n.inputs} | {n.inputs[1] for _, n in finish_stores}
+    early = {v for n in element for v in n.inputs} | set(element_roots)
+    return Stages(element, finish, [s for s in all_stores if s not in finish_stores],
+                  finish_stores, reds, len(reds[0].attrs["axes"]),
+                  sorted(index[v] for v in reads if v in index),
+                  sorted(index[v] for v in early if v in index))
 
 
 def row_axis(body: Graph) -> int | None:
@@ -115,7 +182,7 @@ def row_passes(body: Graph) -> list[list[Node]]:
     passes: list[list[Node]] = []
     for n in body.nodes:
         d = max((depth.get(v, 0) for v in n.inputs), default=0)
-        if n.opdef.category == REDUCTION:
+        if is_row_reduction(n):
             d += 1
             passes += [[] for _ in range(d - len(passes))]
             passes[d - 1].append(n)
@@ -161,7 +228,7 @@ def row_invariant(body: Graph, operand_shapes: Sequence[tuple[int, ...]],
     for m in body.nodes:
         if m.op == "store":
             continue
-        if m.opdef.category == REDUCTION or all(v in inv for v in m.inputs):
+        if is_row_reduction(m) or all(v in inv for v in m.inputs):
             inv.update(m.outputs)
     return inv
 
@@ -308,10 +375,13 @@ def infer_types(node: Node) -> list[Type]:
         raise OpTypeError(f"kernel: {len(node.inputs)} operands do not fit {lay.instances} "
                           f"instance(s) of a body with {lay.body_inputs} inputs, shared "
                           f"{list(lay.shared)} (distinct body inputs)")
-    targets = {j for j, _ in stores(body)}
+    st = stages(body)
+    targets = {j for j, _ in st.element_stores}
     if not _operands_fit(node, lay, spaces, targets):
         _explain_misfit(node, lay, spaces, targets)
     _check_rows(node, kinds, spaces)
+    if st.reductions:
+        _check_finish(node, st, spaces)
     by_output = [[TensorType(output_shape(kind, space), r.dtype) for space in spaces]
                  for kind, r in zip(kinds, body.outputs)]
     out: list[Type] = [t for row in zip(*by_output) for t in row]
@@ -353,6 +423,45 @@ def _check_rows(node: Node, kinds: list[str], spaces: list[tuple[int, ...]]) -> 
                 raise OpTypeError(f"kernel: a {kind!r} output must be the same along axes "
                                   f"{r}.. of the space {list(space)} (made only from row "
                                   f"reductions, constants and operands of size 1 there)")
+
+
+def _check_finish(node: Node, st: Stages, spaces: list[tuple[int, ...]]) -> None:
+    """Finish reductions reduce the leading k axes of every space (one k per kernel,
+    keepdims=false); no body output and no reduction is a finish value; what the finish
+    stage reads broadcasts to the finish's shape, space[k:], and what it stores has it."""
+    body, k = node.body, st.k
+    for m in st.reductions:
+        axes = list(m.attrs["axes"])
+        if axes != list(range(k)) or not all(1 <= k <= len(space) for space in spaces):
+            raise OpTypeError(f"kernel: {m.op} {{axes={axes}, keepdims=false}} in the body: a "
+                              f"finish reduction reduces the leading axes [0, ..., k-1] (1 <= "
+                              f"k <= the rank of every space, the same k for every one: here "
+                              f"{list(range(k))}) of spaces {[list(s) for s in spaces]}; a "
+                              f"row reduction reduces the trailing axes, keepdims=true")
+    late = finish_values(body)
+    for i, out in enumerate(body.outputs):
+        if out in late:
+            raise OpTypeError(f"kernel: body output {i} is computed in the finish stage (from "
+                              f"a finish reduction): a finish value leaves the kernel only "
+                              f"through a store into a parameter of the finish's shape")
+    for n in body.nodes:
+        if n.opdef.category == REDUCTION and n.inputs[0] in late:
+            raise OpTypeError(f"kernel: {n.op} in the body reduces a finish value: a finish "
+                              f"stage is elementwise over the reduced shape")
+    finish_stored = {j for j, _ in st.finish_stores}
+    for space, row in zip(spaces, instance_rows(node)):
+        shape = tuple(space)[k:]
+        for j in st.finish_inputs + sorted(finish_stored):
+            t = row[j].type
+            if j in finish_stored and t.shape != shape:
+                raise OpTypeError(f"kernel: operand {j} ({t}) is stored in the finish stage: "
+                                  f"it must have the finish's shape {list(shape)} (the space "
+                                  f"{list(space)} without its leading {k} axes)")
+            if not _broadcasts(t.shape, shape):
+                raise OpTypeError(f"kernel: operand {j} ({t}) is read in the finish stage, "
+                                  f"which runs over the reduced shape {list(shape)}: it must "
+                                  f"broadcast to that shape (an element stage value or an "
+                                  f"operand of the full space is gone by then)")
 
 
 def _operands_fit(node: Node, lay: Layout, spaces: list[tuple[int, ...]],
@@ -428,11 +537,11 @@ def run(node: Node, arrays: Sequence[np.ndarray],
         for j, x in enumerate(body.inputs):
             env[x] = arrays[lay.operand_index(i, j)]
         for n in body.nodes:
-            if n.op == "store":
+            if n.op == "store":  # (a finish stage's: of the finish's shape)
                 target = node.inputs[lay.operand_index(i, body.inputs.index(n.inputs[0]))]
-                writes.append((target, np.broadcast_to(env[n.inputs[1]], space)))
+                writes.append((target, np.broadcast_to(env[n.inputs[1]], target.type.shape)))
                 continue
-            if n.opdef.category == REDUCTION:  # a row reduction: the unfused node's numpy
+            if n.opdef.category == REDUCTION:  # a row or finish reduction: the unfused node's
                 env[n.out] = body_node(n, [np.broadcast_to(env[n.inputs[0]], space)])
                 continue
             env[n.outputs[0]] = body_node(n, [env[v] for v in n.inputs])
@@ -459,7 +568,8 @@ class KernelCost:
     """Memory traffic of one run of a kernel. Operands of the full iteration space stream:
     their bytes are counted per element. Smaller operands (scalars, broadcast rows) and
     reduction results are counted once, in `fixed_bytes`; `fixed_written` is the part of it
-    that is written (the reduction results: a leading-axes reduction's whole result)."""
+    that is written (the reduction results: a leading-axes reduction's whole result; the
+    parameters a finish stage stores)."""
 
     read_per_element: int
     write_per_element: int
@@ -493,6 +603,8 @@ def cost(node: Node) -> KernelCost:
     lay = layout(node)
     indexed = set(node.attrs.get("indexed", ()))
     targets = {j for j, _ in stores(body)}
+    finish_targets = {j for j, _ in stages(body).finish_stores} if node.op != ROW_KERNEL \
+        else set()
     read_in_body = {v for n in body.nodes if n.op != "store" for v in n.inputs}
     read_in_body |= set(body.outputs)
     read = write = fixed = reduced = 0
@@ -509,6 +621,8 @@ def cost(node: Node) -> KernelCost:
         if j not in indexed and x in read_in_body and shapes != spaces[:len(shapes)]:
             fixed += sum(v.type.nbytes for v, shape, space in zip(column, shapes, spaces)
                          if shape != space)
+        if j in finish_targets:  # written once, by the finish stage
+            reduced += sum(v.type.nbytes for v in column)
     for kind, r in zip(node.attrs.get("outputs", ()), body.outputs):
         if kind == "map":
             write += r.dtype.itemsize

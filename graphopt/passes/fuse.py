@@ -342,8 +342,15 @@ class _Fuser(Grouping):
                 params = ", ".join(self.names[row[j]] for j, _ in kernel_ir.stores(n.body))
                 for v in dict.fromkeys(row):
                     p = self.producer.get(v)
-                    if p is not None and v.shape != () and all(u is n for u in v.users):
+                    if p is not None and v.shape != () and all(u is n for u in v.users) and \
+                            not self.finishes(p):
                         self.ctx.refuse(f"the update of {params}", self.why_stored(v, p), n.loc)
+
+    def finishes(self, p: Node) -> bool:
+        """Whether p is a reduction that becomes a kernel's reduced output: an update that
+        reads only it may run in that kernel's finish stage (passes/wholestep.py)."""
+        return p.opdef.category == REDUCTION and leading_axes(p) is not None and \
+            id(p) in self.group
 
     def why_stored(self, v: Value, p: Node) -> str:
         """Why the gradient v, which p makes, is not consumed inside the kernel that makes it."""
@@ -351,11 +358,6 @@ class _Fuser(Grouping):
         if p.opdef.category == LINALG:
             return (f"{what} is made by {self.name(p)}, a numpy node: only a gradient that an "
                     f"elementwise or reduction kernel makes can be consumed where it is made")
-        if p.opdef.category == REDUCTION and leading_axes(p) is not None:
-            kind = kernel_ir.kind_for(p.op, p.attrs["axes"], p.inputs[0].type.ndim)
-            return (f"{what} is a \"{kind}\" output of the kernel that makes its operand: it "
-                    f"exists only once that kernel has finished (its blocks' partials added), "
-                    f"and no update runs in that finish")
         return f"{what} is made by {self.name(p)}, outside the update kernel"
 
     # -- building kernels ----------------------------------------------------------------------

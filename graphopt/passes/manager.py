@@ -27,8 +27,8 @@ from ..ir.uses import recording_replacements
 from ..ir.verifier import verify
 from .cost import graph_bytes
 
-DEFAULT_PIPELINE = ("dce", "cse", "fold", "simplify", "cse", "dce", "fuse", "rowfuse", "hfuse",
-                    "dce")
+DEFAULT_PIPELINE = ("dce", "cse", "fold", "simplify", "cse", "dce", "fuse", "wholestep",
+                    "rowfuse", "hfuse", "dce")
 
 
 class PassError(GraphoptError):

@@ -19,11 +19,13 @@ from ...ir.kernel import (
     columns,
     instance_rows,
     is_mapped,
+    kind_for,
     layout,
     output_shape,
     reduced_shape,
     row_axis,
     row_shape,
+    stages,
 )
 from ...ir.printer import format_graph
 from ...ir.types import contiguous_strides
@@ -63,11 +65,14 @@ class KernelABI:
     name: str
     instances: tuple[Instance, ...]
     n_maps: int  # mapped outputs per instance ("map" and "row@r": written as the loop goes)
-    reductions: tuple[str, ...]  # kind of each reduced output, in body-output order
+    # The kind of each reduced output, in body-output order, then of each finish reduction
+    # of the body (in body order; see ir/kernel.py), whose result stays in the finisher.
+    reductions: tuple[str, ...]
     has_token: bool
     # Elements of each reduced output: 1 for a full reduction, the kept axes' size for a
     # leading-axes one ("sum@k"). A block's partials are these, reduction after reduction.
     widths: tuple[int, ...] = ()
+    finishes: int = 0  # how many of the reductions are finish reductions (the last ones)
 
     @property
     def slots(self) -> int:
@@ -158,7 +163,8 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None,
     kinds = list(node.attrs["outputs"])
     mapped = [k for k in kinds if is_mapped(k)]
     n_maps = len(mapped)
-    reduced = [k for k in kinds if not is_mapped(k)]
+    finishes = _finish_kinds(node, lay, strided)
+    reduced = [k for k in kinds if not is_mapped(k)] + finishes
     leading = [k for k in reduced if "@" in k]
     if leading and lay.instances != 1:
         raise LoweringError(f"a multi-tensor kernel's reduction over leading axes ({leading}) "
@@ -203,17 +209,40 @@ def plan(node: Node, fastmath: bool = False, text: str | None = None,
         if leading:
             block_units = max(block_units, BLOCK_ROWS)
         instances.append(Instance(dims, tuple(strides), 0, block_units, 0, depth))
-    return _named(node, fastmath, text, strided, instances, n_maps, tuple(reduced), widths, lay)
+    return _named(node, fastmath, text, strided, instances, n_maps, tuple(reduced), widths, lay,
+                  len(finishes))
+
+
+def _finish_kinds(node: Node, lay, strided: Strided) -> list[str]:
+    """The kinds of the body's finish reductions (as an output of the same reduction would
+    be), once checked that the finisher can run the finish stage: one instance, and what it
+    reads or stores either of the finish's shape, C-contiguous (element w at w), or of one
+    element."""
+    st = stages(node.body)
+    if not st.reductions:
+        return []
+    if lay.instances != 1:
+        raise LoweringError("a multi-tensor kernel's finish stage has no code path: the "
+                            "finisher runs it over one instance's reduced shape")
+    space = tuple(node.attrs["spaces"][0])
+    shape = space[st.k:]
+    for j in st.finish_inputs + [j for j, _ in st.finish_stores]:
+        t = node.inputs[j].type
+        if j in strided or (t.shape != shape and math.prod(t.shape) != 1):
+            raise LoweringError(f"a finish stage reads or stores operand {j} ({t}), which is "
+                                f"neither of its shape {list(shape)}, contiguous, nor one "
+                                f"element: the finisher has no code path for it")
+    return [kind_for(m.op, m.attrs["axes"], len(space)) for m in st.reductions]
 
 
 def _named(node: Node, fastmath: bool, text: str | None, strided: Strided,
            instances: list[Instance], n_maps: int, reduced: tuple[str, ...],
-           widths: tuple[int, ...], lay) -> KernelABI:
+           widths: tuple[int, ...], lay, finishes: int = 0) -> KernelABI:
     """The ABI, named by what the function computes: the same name is the same code."""
     text = canonical_text(node, strided) if text is None else text
     digest = hashlib.sha256((text + flags(fastmath)).encode()).hexdigest()[:16]
     return KernelABI(f"kernel_{digest}", tuple(instances), n_maps, reduced, lay.has_token,
-                     widths)
+                     widths, finishes)
 
 
 def _row_instances(node: Node, lay) -> list[Instance]:

@@ -53,6 +53,7 @@ from ...ir.kernel import (
     row_invariant,
     row_passes,
     split_kind,
+    stages,
     stores,
     upstream,
 )
@@ -86,6 +87,14 @@ class _Builder:
         self.b = ir.IRBuilder(self.entry)
         self.e = Emitter(self.b, self.module, fastmath)
         self.stored = {j for j, _ in stores(node.body)}
+        self.fastmath = fastmath
+        # The body split in its element stage and its finish stage (run by the finisher).
+        self.stages = stages(node.body)
+        # Each reduction's element value and dtype: the reduced outputs', then the finish
+        # reductions' (abi.reductions' order).
+        body = node.body
+        self.red_values = [body.outputs[k] for k, kind in enumerate(node.attrs.get("outputs", ()))
+                           if not is_mapped(kind)] + [m.inputs[0] for m in self.stages.reductions]
 
     def i64(self, v: int) -> ir.Constant:
         return ir.Constant(I64, v)
@@ -167,11 +176,12 @@ class _Builder:
         self.lo, self.hi, self.args, self.partials = fn.args
         self.b = b = ir.IRBuilder(self.entry)
         self.e = Emitter(b, self.module)
-        n_red, slots, offsets = len(abi.reductions), abi.slots, abi.offsets
+        slots, offsets = abi.slots, abi.offsets
+        n_red = len(abi.reductions) - abi.finishes  # the reduced outputs'
         counts = self.table("blocks", [i.blocks for i in abi.instances])
         sizes = self.table("elements", [int(np.prod(s, dtype=np.int64))
                                         for s in self.node.attrs["spaces"]])
-        outs = [self.node.body.outputs[k] for k in self._reduced_outputs()]
+        outs = self.red_values
         accs = [b.alloca(F64 if o.dtype.is_float else I64) for o in outs]
         first_slot = len(self.node.inputs) + lay.instances * abi.n_maps
 
@@ -212,7 +222,7 @@ class _Builder:
                 slot = b.add(self.i64(first_slot + r), b.mul(i, self.i64(n_red)))
                 result(r, b.load(accs[r], typ=accs[r].allocated_type), self.at(sizes, i),
                        self.arg_ptr(slot))
-            for r in self.leading:  # one instance: see plan
+            for r in [r for r in self.leading if r < n_red]:  # one instance: see plan
                 space = self.node.attrs["spaces"][0]
                 total = int(np.prod(space[:split_kind(abi.reductions[r])[1]], dtype=np.int64))
                 base = self.arg_ptr(b.add(self.i64(first_slot + r), b.mul(i, self.i64(n_red))))
@@ -226,9 +236,45 @@ class _Builder:
                     result(r, v, self.i64(total), b.gep(base, [w], source_etype=st))
 
                 self.loop(self.i64(0), self.i64(abi.widths[r]), column, "col")
+            if abi.finishes:
+                self.finish_stage(list(range(n_red, len(abi.reductions))), start, count,
+                                  combine, accs)
 
         self.loop(self.i64(0), self.i64(lay.instances), instance, "inst")
         b.ret_void()
+
+    def finish_stage(self, fin: list[int], start, count, combine, accs) -> None:
+        """The finish stage (one instance: see plan), once the partials are in: for each
+        element w of the reduced shape, the finish reductions' results there (the blocks'
+        partials added in order, as a reduced output's are, rounded to their dtype as one
+        stored and read back would be), then the stage's nodes on them and its stores."""
+        b, abi, st, node = self.b, self.abi, self.stages, self.node
+        space = tuple(node.attrs["spaces"][0])
+        shape = space[st.k:]
+        total = self.i64(math.prod(space[:st.k]))  # the elements added into each result
+        # One instance: operand j is body input j; each is of the finish's shape or a scalar.
+        self.ptrs = [self.arg_ptr(self.i64(j)) for j in range(len(node.inputs))]
+        self.scalars = {}
+        self.e = Emitter(b, self.module, self.fastmath)
+
+        def element(w):
+            known: dict[Value, ir.Value] = {}
+            for r, m in zip(fin, st.reductions):
+                t = accs[r].allocated_type
+                b.store(self.reduction_init(abi.reductions[r], t), accs[r])
+                column = w if r in self.leading else None
+                self.loop(self.i64(0), count,
+                          lambda j: combine(r, b.add(start, j), column), "part")
+                known[m.out] = self.reduced_value(m.op, b.load(accs[r], typ=t), total,
+                                                  m.out.dtype)
+
+            def offset(j):
+                return w if node.inputs[j].shape == shape else self.i64(0)
+            env = self.values(st.finish, offset, known)
+            for j, n in st.finish_stores:
+                self.e.store(env[n.inputs[1]], self.ptrs[j], offset(j), n.inputs[1].dtype)
+
+        self.loop(self.i64(0), self.i64(abi.widths[fin[0]]), element, "finish")
 
     def store_result(self, v: ir.Value, ptr: ir.Value, dtype) -> None:
         """An f64 (or i64) result into an output of `dtype`, rounded once, as numpy's astype
@@ -244,11 +290,7 @@ class _Builder:
         b.store(v, ptr)
 
     def _acc_type(self, r: int) -> ir.Type:
-        out = self.node.body.outputs[self._reduced_outputs()[r]]
-        return compute_type(out.dtype)
-
-    def _reduced_outputs(self) -> list[int]:
-        return [k for k, kind in enumerate(self.node.attrs["outputs"]) if not is_mapped(kind)]
+        return compute_type(self.red_values[r].dtype)
 
     def in_range(self, i, offset, units, work) -> None:
         """work(start, end) over the units of instance i that fall in [lo, hi), with its
@@ -386,8 +428,7 @@ class _Builder:
                 known[m.out] = self.row_result(m, count)
         operands = [v.type.shape for v in next(instance_rows(self.node, self.lay))]
         invariant = row_invariant(body, operands, space, r)
-        nodes = [n for n in body.nodes if n.op != "store" and n.out in invariant
-                 and n.out not in known]
+        nodes = [n for n in self.stages.element if n.out in invariant and n.out not in known]
         known = self.values(nodes, lambda j: self.offset(strides[j], idx), known)
         kinds = self.node.attrs["outputs"]
         mapped = [k for k, kind in enumerate(kinds) if is_mapped(kind)]
@@ -398,13 +439,17 @@ class _Builder:
         self.nest(dims, shape.rows, list(idx), lambda jdx: self.element(jdx, known), len(dims))
 
     def row_result(self, m: Node, count: int) -> ir.Value:
-        """A row reduction's accumulator as its body value (a mean divided by the count),
-        rounded once to its dtype."""
-        b, acc, d = self.b, self.row_accs[m], m.out.dtype
-        v = b.load(acc, typ=acc.allocated_type)
-        if m.op == "mean":
-            v = b.fdiv(v, ir.Constant(F64, float(count))) if d.is_float else \
-                b.sdiv(v, self.i64(count))
+        """A row reduction's accumulator as its body value."""
+        acc = self.row_accs[m]
+        return self.reduced_value(m.op, self.b.load(acc, typ=acc.allocated_type),
+                                  self.i64(count), m.out.dtype)
+
+    def reduced_value(self, op: str, v: ir.Value, count: ir.Value, d) -> ir.Value:
+        """An accumulator (f64, i64, or a max in its type) as the body value of a reduction
+        of dtype d over `count` elements (a mean divided by it), rounded once to d."""
+        b = self.b
+        if op == "mean":
+            v = b.fdiv(v, b.sitofp(count, F64)) if d.is_float else b.sdiv(v, count)
         t = compute_type(d)
         if v.type == t:
             return v
@@ -473,7 +518,7 @@ class _Builder:
             slot = len(body.inputs) + m
             e.store(env[out], self.ptrs[slot], self.offset(strides[slot], idx), out.dtype)
         b, abi = self.b, self.abi
-        for r, k in enumerate(self._reduced_outputs()):
+        for r, value in enumerate(self.red_values):
             kind = split_kind(abi.reductions[r])[0]
             if r in self.leading:  # into the block's slot for this element's kept index
                 slot = len(body.inputs) + abi.n_maps + self.leading.index(r)
@@ -482,23 +527,27 @@ class _Builder:
                 t = self.slot_type(r)
                 ptr = b.gep(self.partials, [index], inbounds=True, source_etype=t)
                 now = b.load(ptr, typ=t)
-                b.store(self.combine(kind, now, self.widen(env[body.outputs[k]]),
-                                     reassoc=False), ptr)
+                b.store(self.combine(kind, now, self.widen(env[value]), reassoc=False), ptr)
                 continue
             acc = b.load(self.accs[r], typ=self.accs[r].allocated_type)
-            b.store(self.combine(kind, acc, env[body.outputs[k]]), self.accs[r])
+            b.store(self.combine(kind, acc, env[value]), self.accs[r])
 
     def body_values(self, offset, known: Mapping[Value, ir.Value] = _NONE
                     ) -> dict[Value, ir.Value]:
         """The body at one element: body input j loaded at `offset(j)` of its pointer (a
         scalar's value as loaded once), its nodes lowered (but those `known`), its stores
         written at the offsets they load from. Each body value's LLVM value."""
-        body = self.node.body
-        nodes = [n for n in body.nodes if n.op != "store" and n.outputs[0] not in known]
-        env = self.values(nodes, offset, known, body.inputs)
-        for j, n in stores(body):
+        body, st = self.node.body, self.stages
+        nodes = [n for n in st.element if n.outputs[0] not in known]
+        env = self.values(nodes, offset, known, self.element_inputs)
+        for j, n in st.element_stores:
             self.e.store(env[n.inputs[1]], self.ptrs[j], offset(j), body.inputs[j].dtype)
         return env
+
+    @property
+    def element_inputs(self) -> list[Value]:
+        """The body inputs the element stage reads."""
+        return [self.node.body.inputs[j] for j in self.stages.element_inputs]
 
     def lower(self, n: Node, env: dict[Value, ir.Value]) -> ir.Value:
         rule = LOWERING.get(n.op)
@@ -533,8 +582,7 @@ class _Builder:
 
     def slot_type(self, r: int) -> ir.Type:
         """A partial's type: f64 for floats, i64 for integers (8-byte slots either way)."""
-        out = self.node.body.outputs[self._reduced_outputs()[r]]
-        return F64 if out.dtype.is_float else I64
+        return F64 if self.red_values[r].dtype.is_float else I64
 
     def widen(self, x: ir.Value) -> ir.Value:
         """An element in its slot's type: a float in f64, an integer in i64 (exactly)."""

@@ -439,6 +439,7 @@ class LLVMProgram:
         self.backed_up = [v for n in self.nodes[:max(may_fail, default=0)]
                           if id(n) in self.native for v in kernel_ir.written(n)]
         self.needs_backup = bool(self.backed_up)
+        self._backups: dict[Value, np.ndarray] | None = None  # their copies, reused each step
         self._partials_made = False  # (kernels called one by one: made by the first step)
         self._threads = threads()
         # The numpy nodes and kernel calls as closures, made once (base.NodeLoop).
@@ -544,11 +545,14 @@ class LLVMProgram:
             for k in self.kernels:
                 k.make_partials()
             self._partials_made = True
-        backups = {v: inputs[v].copy() for v in self.backed_up}
+        if self._backups is None:  # (made once: a step allocates nothing for them)
+            self._backups = {v: np.empty_like(inputs[v]) for v in self.backed_up}
+        for v, saved in self._backups.items():
+            np.copyto(saved, inputs[v])
         try:
             updates = self._loop(env)
         except BaseException:
-            for v, saved in backups.items():
+            for v, saved in self._backups.items():
                 np.copyto(inputs[v], saved)
             raise
         return [early.get(v, env[v]) for v in self.graph.outputs], updates

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ...ir.graph import Node
-from ...ir.kernel import ROW, body_reductions, split_kind
+from ...ir.kernel import ROW, body_reductions, finish_reductions, split_kind, stages
 from ...ir.types import DType, TensorType, to_dtype
 from .emitter import compute_type
 from .engine import optimize
@@ -67,12 +67,15 @@ def _loop_dtypes(node: Node) -> list[DType]:
     its own type within a block; one over leading axes and a row's sum or mean add in f64
     (i64 for integers), a max in its own type."""
     body = node.body
-    values = [v.dtype for v in body.inputs + [o for n in body.nodes for o in n.outputs]
+    # (a finish stage runs in the finisher, once per element of the reduced shape)
+    st = stages(body)
+    inputs = [body.inputs[j] for j in st.element_inputs]
+    values = [v.dtype for v in inputs + [o for n in st.element for o in n.outputs]
               if isinstance(v.type, TensorType)]
     kinds = node.attrs.get("outputs", ())  # (a row kernel has none)
     reductions = [(op, body.outputs[i].dtype) for i, (op, k) in
                   enumerate(map(split_kind, kinds)) if k is not None and op != ROW]
-    reductions += [(n.op, n.out.dtype) for n in body_reductions(body)]
+    reductions += [(n.op, n.out.dtype) for n in body_reductions(body) + finish_reductions(body)]
     accumulators = [to_dtype("f64" if d.is_float else "i64") for op, d in reductions
                     if op != "max"]
     return [d for d in values + accumulators if d.name != "bool"] or [to_dtype("i32")]
