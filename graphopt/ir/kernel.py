@@ -32,6 +32,23 @@ from such results, from constants and from operands of size 1 along axes r.. is
 space[:r] + [1] * (n - r), what the unfused keepdims reduction gave (a LayerNorm forward hands
 its mean and rstd to the backward so).
 
+A body may also reduce the space's *leading* axes itself: `sum`/`max`/`mean %v {axes=[0, ...,
+k-1], keepdims=false}` (1 <= k <= the rank, one k per kernel) is a *finish reduction*, whose
+value exists once the kernel's blocks are combined. What is computed from such values is the
+kernel's *finish stage*: it runs once per element of the reduced shape space[k:], after the
+element stage, reads only finish values, constants and operands that broadcast to that shape,
+and stores into parameters of that shape; no body output is a finish value. Whole-step
+fusion (passes/wholestep.py) puts a bias's optimizer update there, on its gradient's sum
+over the batch, so the gradient is never stored:
+
+    %0, %1 = kernel %dy, @m, %lr, @b {spaces=[[4,3]], outputs=["map"], shared=[]} : ... {
+      ...
+      %0 = exp %x0 : f32[]                              # element stage, over [4,3]
+      %1 = sum %0 {axes=[0], keepdims=false} : f32[]    # finish stage, over [3]
+      %4 = add %3, %1 : f32[]
+      %7 = store %x1, %4 : token
+      ...
+
 A multi-tensor kernel (the HyperMap idea) maps one body over several *instances*, one
 iteration space each. Its operands are the per-instance operands, instance after instance
 (for the body inputs not listed in `shared`), then the operands every instance shares (scalar
