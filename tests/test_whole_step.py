@@ -219,6 +219,40 @@ def test_a_failure_after_the_finish_stage_changes_nothing(backend, monkeypatch):
         assert p.numpy().tobytes() == was.tobytes(), p.name
 
 
+def two_layers(backend: str):
+    """make_step's network of two layers, whose step also returns w0's transpose: (jit
+    function, parameters, x, labels)."""
+    step, params, x, labels = make_step("sgd", batch=8, sizes=(4, 6, 3), seed=5)
+
+    def with_w0_t(x, labels):
+        w0_t = params["w0"].T  # (before the step: the old value)
+        return step(x, labels), w0_t
+    return go.jit(with_w0_t, backend=backend, cache=False), params, x, labels
+
+
+def test_a_weights_transpose_is_copied_only_when_read_after_its_own_store():
+    """The bias's finish stage stores before the backward's matmuls (they read the cotangent
+    its kernel makes): w1's transpose, which they read before w1's update, is read where it
+    lies; w0's, returned (read once the step is whole, after w0's store), keeps its old value
+    by a copy."""
+    fn, params, x, labels = two_layers("llvm")
+    old_w0 = params["w0"].numpy().copy()
+    prog = fn.lower(x, labels).program
+    stores = {v.name: i for i, n in enumerate(prog.nodes) if id(n) in prog.native
+              for v in kernel_ir.written(n)}
+    (w1_t,) = [n.out for n in prog.nodes if n.op == "transpose" and n.inputs[0].name == "w1"]
+    readers = [i for i, n in enumerate(prog.nodes) if w1_t in n.inputs]
+    assert stores["b1"] < min(readers) and max(readers) < stores["w1"], (stores, readers)
+    assert [(v.node.op, p.name) for v, p in prog.copies] == [("transpose", "w0")]
+    loss, w0_t = fn(x, labels)
+    np.testing.assert_array_equal(w0_t, old_w0.T)
+    ref_fn, ref_params, _, _ = two_layers("interpreter")
+    ref_loss, _ = ref_fn(x, labels)
+    np.testing.assert_allclose(loss, ref_loss, rtol=1e-6)
+    for k, p in params.items():
+        np.testing.assert_allclose(p.numpy(), ref_params[k].numpy(), rtol=1e-5, atol=1e-6)
+
+
 FINISH = """graph finish {
   param @b: f32[3]
   param @m: f32[3]

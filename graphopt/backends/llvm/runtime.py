@@ -679,26 +679,43 @@ def _unread_views_dropped(nodes: list[Node], native: dict[int, NativeKernel], gr
     return kept[::-1]
 
 
-def _first_store(nodes: list[Node], native: dict[int, NativeKernel]) -> int | None:
-    """The position of the first kernel that stores a parameter in place."""
-    return next((i for i, n in enumerate(nodes) if id(n) in native and kernel_ir.written(n)),
-                None)
+def _view_bases(v: Value) -> set[Value]:
+    """The values whose memory v may be, following the views and aliases (OpDef.view,
+    OpDef.aliases) that made it back to values made otherwise: v itself if it is one."""
+    bases, todo = set(), [v]
+    while todo:
+        v = todo.pop()
+        n = v.node
+        if n is not None and n.body is None and (n.opdef.view is not None or n.opdef.aliases):
+            todo.extend(n.inputs)
+        else:
+            bases.add(v)
+    return bases
 
 
 def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph,
                reads) -> set[Value]:
-    """The values numpy makes that something reads when or after the first in-place store
+    """The values numpy makes that something reads when or after a store they could see
     runs, by the lifetimes the memory plan uses (memplan.lifetimes: a view's readers count as
-    its base's; returned and assigned values are read at the end, the commit). Only these
-    can see a store through a view, so only these are copied when they view a stored
-    parameter (base.NodeLoop checks what they view as they are made)."""
-    first = _first_store(nodes, native)
-    if first is None:
+    its base's; returned and assigned values are read at the end, the commit). A value made
+    by views of graph inputs can see only the stores of those it views (a weight's transpose
+    read by the backward's matmuls before the weight's update needs no copy, whatever bias
+    was stored before); any other value is checked from the first store on (numpy may have
+    made it a view of anything it read). Only these can see a store through a view, so only
+    these are copied when they view a stored parameter (base.NodeLoop checks what they view
+    as they are made)."""
+    first = {v: min(at) for v, ats in _storers(nodes).items()  # the compiled kernels' stores
+             if (at := [i for i in ats if id(nodes[i]) in native])}
+    if not first:
         return set()
+    earliest, never = min(first.values()), len(nodes) + 1
     life = memplan.lifetimes(nodes, reads, graph)
+
+    def seen_from(v: Value) -> int:  # the first store v could see
+        return min(first.get(b, never) if b.is_input else earliest for b in _view_bases(v))
     return {v for n in nodes if id(n) not in native and not n.opdef.has_effect
             for v in n.outputs  # a token holds no data
-            if isinstance(v.type, TensorType) and life[v][1] >= first}
+            if isinstance(v.type, TensorType) and life[v][1] >= seen_from(v)}
 
 
 def _copies(nodes: list[Node], native: dict[int, NativeKernel], read_late: set[Value]
