@@ -244,6 +244,9 @@ def test_a_weights_transpose_is_copied_only_when_read_after_its_own_store():
     readers = [i for i, n in enumerate(prog.nodes) if w1_t in n.inputs]
     assert stores["b1"] < min(readers) and max(readers) < stores["w1"], (stores, readers)
     assert [(v.node.op, p.name) for v, p in prog.copies] == [("transpose", "w0")]
+    # and it is the only value a step checks as it is made (the activations' transposes view
+    # the memory plan's buffers, never a parameter)
+    assert prog.read_late == {v for v, _ in prog.copies}
     loss, w0_t = fn(x, labels)
     np.testing.assert_array_equal(w0_t, old_w0.T)
     ref_fn, ref_params, _, _ = two_layers("interpreter")

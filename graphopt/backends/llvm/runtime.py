@@ -27,7 +27,7 @@ import os
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
-from typing import Sequence
+from typing import Collection, Sequence
 
 import numpy as np
 
@@ -428,12 +428,12 @@ class LLVMProgram:
         self.nodes = _stores_last(self.nodes, self.native)
         self._sink = graphsink.sink(cache) if self.sink else None
         self._sink_tables: dict[int, graphsink.Table] = {}  # by thread count
-        # A numpy result that views a parameter a kernel stores in place must keep its value
-        # only if something reads it once a store has run: decided here, from the schedule.
-        self.read_late = _read_late(self.nodes, self.native, graph, self._reads)
-        self.copies = _copies(self.nodes, self.native, self.read_late)
         self.plan = self._plan()
         self.buffers = self.plan.buffers
+        # A numpy result that views a parameter a kernel stores in place must keep its value
+        # only if something reads it once that store has run: decided here, from the schedule.
+        self.read_late = _read_late(self.nodes, self.native, graph, self._reads, self.buffers)
+        self.copies = _copies(self.nodes, self.native, self.read_late)
         # (after the plan: a kernel that writes into planned buffers allocates nothing)
         may_fail = [i for i, n in enumerate(self.nodes) if self._may_fail(n)]
         self.backed_up = [v for n in self.nodes[:max(may_fail, default=0)]
@@ -548,7 +548,7 @@ class LLVMProgram:
         if self._backups is None:  # (made once: a step allocates nothing for them)
             self._backups = {v: np.empty_like(inputs[v]) for v in self.backed_up}
         for v, saved in self._backups.items():
-            np.copyto(saved, inputs[v])
+            saved[...] = inputs[v]  # (numpy's copyto costs twice this on a bias's 32 floats)
         try:
             updates = self._loop(env)
         except BaseException:
@@ -679,43 +679,36 @@ def _unread_views_dropped(nodes: list[Node], native: dict[int, NativeKernel], gr
     return kept[::-1]
 
 
-def _view_bases(v: Value) -> set[Value]:
-    """The values whose memory v may be, following the views and aliases (OpDef.view,
-    OpDef.aliases) that made it back to values made otherwise: v itself if it is one."""
-    bases, todo = set(), [v]
-    while todo:
-        v = todo.pop()
-        n = v.node
-        if n is not None and n.body is None and (n.opdef.view is not None or n.opdef.aliases):
-            todo.extend(n.inputs)
-        else:
-            bases.add(v)
-    return bases
-
-
 def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph,
-               reads) -> set[Value]:
+               reads, planned: Collection[Value]) -> set[Value]:
     """The values numpy makes that something reads when or after a store they could see
     runs, by the lifetimes the memory plan uses (memplan.lifetimes: a view's readers count as
-    its base's; returned and assigned values are read at the end, the commit). A value made
-    by views of graph inputs can see only the stores of those it views (a weight's transpose
-    read by the backward's matmuls before the weight's update needs no copy, whatever bias
-    was stored before); any other value is checked from the first store on (numpy may have
-    made it a view of anything it read). Only these can see a store through a view, so only
-    these are copied when they view a stored parameter (base.NodeLoop checks what they view
-    as they are made)."""
+    its base's; returned and assigned values are read at the end, the commit). Only these
+    can see a store through a view, so only these are copied when they view a stored
+    parameter (base.NodeLoop checks what they view as they are made: the fewer, the cheaper
+    a step). A numpy result is new memory or its operands' (a view, an input passed
+    through), so the stores it could see are those of the parameters it is computed from
+    through numpy nodes alone: a weight's transpose read by the backward's matmuls before
+    the weight's update needs no copy, whatever bias was stored before; a value computed
+    from the memory plan's buffers (a kernel's output) sees none."""
     first = {v: min(at) for v, ats in _storers(nodes).items()  # the compiled kernels' stores
              if (at := [i for i in ats if id(nodes[i]) in native])}
     if not first:
         return set()
     earliest, never = min(first.values()), len(nodes) + 1
-    life = memplan.lifetimes(nodes, reads, graph)
+    seen: dict[Value, int] = {}  # the first store a numpy result could see
 
-    def seen_from(v: Value) -> int:  # the first store v could see
-        return min(first.get(b, never) if b.is_input else earliest for b in _view_bases(v))
-    return {v for n in nodes if id(n) not in native and not n.opdef.has_effect
-            for v in n.outputs  # a token holds no data
-            if isinstance(v.type, TensorType) and life[v][1] >= seen_from(v)}
+    def seen_by(v: Value) -> int:
+        if v in planned:
+            return never
+        return first.get(v, never) if v.is_input else seen.get(v, earliest)
+    for n in nodes:
+        if id(n) not in native and not n.opdef.has_effect:
+            at = min(map(seen_by, n.inputs), default=never)
+            seen.update((v, at) for v in n.outputs)
+    life = memplan.lifetimes(nodes, reads, graph)
+    return {v for v, at in seen.items()  # a token holds no data
+            if isinstance(v.type, TensorType) and v not in planned and life[v][1] >= at}
 
 
 def _copies(nodes: list[Node], native: dict[int, NativeKernel], read_late: set[Value]
