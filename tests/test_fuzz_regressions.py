@@ -164,3 +164,22 @@ def test_a_value_assigned_from_numpy_is_not_overwritten_by_a_later_one_in_the_pl
     go.jit(step, backend="llvm")(*args)
     for w, e in zip(ws, expected):
         np.testing.assert_array_equal(w.numpy(), e)
+
+
+# -- whole-step fusion: a "sum" over a scalar space reduces no axis ----------------------------------
+@pytest.mark.parametrize("backend", ["interpreter", "llvm"])
+def test_lamb_on_a_scalar_parameter_runs_as_eager_does(backend):
+    """Seed 1000041: LAMB's norms of a 0-d parameter are "sum" outputs of kernels over the
+    space [], which reduce nothing; wholestep moved the update reading one into a finish
+    stage of zero axes, which the type rule rejects (1 <= k)."""
+    def run(jit):
+        w = go.Parameter(np.float32(0.75), name="w")
+        opt = optim.LAMB([w], lr=0.5, weight_decay=0.1)
+
+        def step(g):
+            opt.step([g])
+        fn = go.jit(step, backend=backend) if jit else step
+        for g in (0.5, -1.25, 2.0):
+            fn(np.float32(g) if jit else go.EagerTensor(np.float32(g)))
+        return w.numpy()
+    np.testing.assert_allclose(run(True), run(False), rtol=1e-6)

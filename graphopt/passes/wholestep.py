@@ -65,12 +65,13 @@ def _is_update(n: Node) -> bool:
 
 def _reduced_output(v: Value) -> int | None:
     """Which body output of the kernel that makes v it is, if v is a reduced output of a
-    one-instance kernel (not a row kernel); None otherwise."""
+    one-instance kernel (not a row kernel) that reduces at least one axis (a "sum" over a
+    scalar space reduces none: a finish stage needs one); None otherwise."""
     k = v.node
     if k is None or k.op != "kernel" or len(k.attrs["spaces"]) != 1:
         return None
     kind = k.attrs["outputs"][v.index] if v.index < len(k.attrs["outputs"]) else "map"
-    return None if is_mapped(kind) else v.index
+    return None if is_mapped(kind) or not k.attrs["spaces"][0] else v.index
 
 
 def _movable(graph: Graph, update: Node, ctx: PassContext, names: Callable[[Value], str],
