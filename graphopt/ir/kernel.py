@@ -185,9 +185,10 @@ def stages(body: Graph) -> Stages:
 
 
 def row_axis(body: Graph) -> int | None:
-    """The first axis a body's row reductions reduce (r), or None if it has none."""
+    """The first axis a body's row reductions reduce (r), or None if it has none (or if the
+    first names no axis: the type rule refuses that kernel, with its own message)."""
     reds = body_reductions(body)
-    return reds[0].attrs["axes"][0] if reds else None
+    return reds[0].attrs["axes"][0] if reds and reds[0].attrs["axes"] else None
 
 
 def row_passes(body: Graph) -> list[list[Node]]:

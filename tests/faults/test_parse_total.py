@@ -91,6 +91,20 @@ def test_an_attribute_of_the_wrong_kind_is_a_verify_error(text, attr, kind):
     check_attr_kind(text, attr, kind)
 
 
+# A row reduction in a kernel body that names no axis: the type rule's own message (the fuzz
+# below once found an IndexError in working out the kernel's row axis first).
+@pytest.mark.parametrize("keepdims", ["true", "false"])
+def test_a_body_reduction_over_no_axis_is_a_verify_error(keepdims):
+    text = ('graph g {\n  arg %x: f32[4,3]\n'
+            '  %0 = kernel %x {spaces=[[4, 3]], outputs=["map"], shared=[]} : f32[4,3] {\n'
+            '    arg %x0: f32[]\n'
+            f'    %0 = sum %x0 {{axes=[], keepdims={keepdims}}} : f32[]\n'
+            '    %1 = add %x0, %0 : f32[]\n    return %1\n  }\n  return %0\n}\n')
+    with pytest.raises(VerifyError, match=r"sum \{axes=\[\].* in the body: a (row|finish) "
+                                          r"reduction reduces the (trailing|leading) axes"):
+        parse(text).verify()
+
+
 # -- nesting: a ParseError at the level past the limit, in a child process ---------------------
 def nested_lists(depth: int) -> str:
     value = "[" * depth + "1.0" + "]" * depth
