@@ -4,6 +4,8 @@ import warnings
 
 import numpy as np
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 
 import graphopt as go
 from graphopt import ops
@@ -330,3 +332,23 @@ def test_effects_the_return_does_not_reach_do_not_run(backend, rng):
         assert_same(outputs[0], w + grad)
         assert updates == {} and np.array_equal(m_buffer, m)
     assert len(go.passes.run(g, "dce").graph.nodes) == 1
+
+
+@given(rows=st.integers(1, 9), width=st.integers(0, 5), k=st.integers(0, 40),
+       dtype=st.sampled_from(["f32", "f64", "bf16", "i32"]), seed=st.integers(0, 2 ** 16))
+@settings(max_examples=60, deadline=None)
+def test_scatter_add_is_numpys_add_at_bit_for_bit(rows, width, k, dtype, seed):
+    """scatter_add adds by each element's flat position (numpy's quick 1-D add.at): the same
+    additions, in the same order, as add.at over rows, repeated and negative rows too."""
+    rng = np.random.default_rng(seed)
+    np_dtype = go.ir.to_dtype(dtype).np_dtype
+    x = (rng.standard_normal((rows, width)) * 100).astype(np_dtype)
+    idx = rng.integers(-rows, rows, k)
+    upd = (rng.standard_normal((k, width)) * 100).astype(np_dtype)
+    want = x.copy()
+    np.add.at(want, idx, upd)
+    got = np.asarray(go.jit(ops.scatter_add, backend="interpreter")(x, idx, upd))
+    assert got.dtype == want.dtype and np.array_equal(got.view(np.uint8), want.view(np.uint8))
+    with pytest.raises(ExecutionError, match=f"index {rows} is out of bounds for axis 0"):
+        go.jit(ops.scatter_add, backend="interpreter")(x, np.array([0, rows]),
+                                                       np.ones((2, width), np_dtype))
