@@ -43,7 +43,8 @@ def power(x: Any, y: Any) -> np.ndarray:
     if dtype.kind in "iub":
         return np.power(x, y)
     wide = dtype == np.float64
-    xf, yf = x.astype(np.float64 if wide else np.float32), y.astype(np.float64 if wide else np.float32)
+    as_float = np.float64 if wide else np.float32
+    xf, yf = x.astype(as_float), y.astype(as_float)
     if yf.ndim == 0 and float(yf) in EXACT:  # x ** 2 and the like: numpy's speed
         return np.asarray(EXACT[float(yf)](xf)).astype(dtype, copy=False)
     out = np.asarray((_POW if wide else _POWF)(xf, yf), dtype=xf.dtype)
