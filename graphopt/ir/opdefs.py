@@ -15,7 +15,7 @@ from typing import Any, Callable, Sequence
 import numpy as np
 
 from ..errors import OpTypeError
-from . import libm
+from . import blas, libm
 from .registry import (BOOL_ATTR, CONSTANT, CONTROL, DTYPE_ATTR, EFFECT, ELEMENTWISE, INDEX,
                        INT_ATTR, INTS_ATTR, LINALG, NN, REDUCTION, SHAPE, SHAPE_ATTR, VALUE_ATTR,
                        Decomposition, Emit, OpDef, at_least, register)
@@ -394,9 +394,10 @@ def _matmul_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Type]:
     return [TensorType(shape, d)]
 
 
-register(OpDef("matmul", LINALG, _matmul_infer, np.matmul,
-               doc="numpy.matmul: batched, 1-D operands promoted and the axis removed",
-               into=lambda out, a, b: np.matmul(a, b, out=out)))
+register(OpDef("matmul", LINALG, _matmul_infer, blas.matmul,
+               doc="numpy.matmul: batched, 1-D operands promoted and the axis removed; each "
+                   "matrix's product one single-threaded BLAS call (ir/blas.py)",
+               into=lambda out, a, b: blas.matmul(a, b, out)))
 
 
 # -- constants ----------------------------------------------------------------------------------

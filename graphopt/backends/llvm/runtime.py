@@ -2,16 +2,18 @@
 
 Each kernel node was compiled to native code at build time (or loaded from the disk cache).
 The nodes run in the loop the interpreter runs them in (backends/base.py): it calls the native
-kernels, and runs every other node (matmul, shape ops, a kernel whose op has no lowering)
-through numpy. A kernel's stores write the parameter buffers directly: no new tensor, no copy
-(the point of in-place updates). So that this stays invisible to the step:
+kernels and the products the BLAS can compute where their operands lie (gemm.py), and runs
+every other node (shape ops, a kernel whose op has no lowering) through numpy. A kernel's
+stores write the parameter buffers directly: no new tensor, no copy (the point of in-place
+updates). So that this stays invisible to the step:
   - a numpy result that views a parameter stored in place (a reshape, a transpose) and is
     read once the store has run is copied when made, so it keeps the value it was made from;
     which values can be read that late is decided from the schedule when the program is
     made (a transpose of a weight that only the backward's matmuls read is not copied);
   - if anything that could fail runs after a kernel has stored, the stored parameters are
     backed up first and put back on failure: a step that fails changes nothing.
-Large kernels split their units over the machine's cores; ctypes calls drop the GIL.
+Large kernels and products split their work over the machine's cores, on the graph sink's
+pool (graphsink.py); ctypes calls drop the GIL.
 Collectives are numpy nodes like the others: they run one at a time, on the caller's thread,
 in the graph's order of them (the schedule moves a node only behind what it depends on, and
 each collective depends on the one before), and a step that has one is never a graph-sink
@@ -25,7 +27,6 @@ import math
 import operator
 import os
 import time
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from typing import Collection, Sequence
 
@@ -33,6 +34,7 @@ import numpy as np
 
 from ... import diskcache, envvars, memory
 from ...errors import ExecutionError, LoweringError
+from ...ir import blas
 from ...ir import kernel as kernel_ir
 from ...ir.analysis import run_order, view_source
 from ...ir.graph import Graph, Node, Value
@@ -40,7 +42,7 @@ from ...ir.printer import value_names
 from ...ir.registry import writes_into
 from ...ir.types import TensorType, contiguous_strides
 from ..base import NodeLoop, gather
-from . import engine, graphsink, memplan
+from . import engine, gemm, graphsink, memplan
 from .abi import KernelABI, canonical_text, flags, plan
 from .engine import KernelFn
 from .target import Target, selected
@@ -48,23 +50,10 @@ from .vectorwidth import kernel_vector_width, widest_vector
 
 PARALLEL_MIN_ELEMENTS = 1 << 17  # below this, a second thread costs more than it saves
 CHUNK_ELEMENTS = 1 << 16  # what a graph-sink thread claims at a time (graphsink.py)
-_pool: ThreadPoolExecutor | None = None
-_pool_pid = 0
 
 
 def threads() -> int:
     return envvars.threads()
-
-
-def _workers() -> ThreadPoolExecutor:
-    """Threads for kernels called one by one (a step the graph sink cannot run): enough for
-    any GRAPHOPT_THREADS, made again in a forked child, which has none of its parent's."""
-    global _pool, _pool_pid
-    if _pool is None or _pool_pid != os.getpid():
-        _pool = ThreadPoolExecutor(max(1, (os.cpu_count() or 1) - 1),
-                                   thread_name_prefix="graphopt")
-        _pool_pid = os.getpid()
-    return _pool
 
 
 @dataclass
@@ -89,6 +78,7 @@ class NativeKernel:
     _module: object = field(default=None, repr=False)
     # graphsink's `call`: the function, called alone, with its arguments from a Record.
     call: object = field(default=None, repr=False)
+    sink: graphsink.Sink | None = field(default=None, repr=False)  # runs a split call
     # Which node of the program's graph it is, as the graph prints ("%3 = kernel"), and the
     # user's source lines fused into it ("step.py:8-9"): set by the program.
     value: str = ""
@@ -210,6 +200,7 @@ class NativeKernel:
         # by the first (compiling a kernel too large to run, to look at it, needs none).
         self._partials: np.ndarray | None = None
         self._splits: dict[int, list[tuple[int, int]]] = {}
+        self._tables: dict[int, graphsink.Table] = {}  # a split call's, by thread count
         self._planned: list[list[np.ndarray | None]] | None = None  # see use_planned
         # A call on one thread, and the finisher's, as records (function, units, pointer
         # table, partials; graphsink.Record): their units are set with the thread count,
@@ -261,17 +252,24 @@ class NativeKernel:
         rows = self.prepare(arrays)
         if self._partials is None:
             self.make_partials()
-        ranges = self._ranges
-        if len(ranges) == 1:
+        if len(self._ranges) == 1:
             self.call(self._record)  # (self.fn(*ranges[0], self._args, partials), quicker)
-        else:  # the other threads first, then this one; ctypes releases the GIL
-            partials = self._partials_address
-            futures = [_workers().submit(self.fn, lo, hi, self._args, partials)
-                       for lo, hi in ranges[1:]]
-            self.fn(ranges[0][0], ranges[0][1], self._args, partials)
-            for f in futures:
-                f.result()
+        else:  # its chunks, claimed by this thread and the sink pool's (graphsink.py)
+            graphsink.run(self.sink, self._table())
         return self.finish(rows)
+
+    def _table(self) -> graphsink.Table:
+        """A one-kernel table for the graph sink at this thread count (made once each):
+        products and kernels run on one pool, whose threads claim chunks of the work."""
+        n = self._threads
+        if n not in self._tables:
+            edges = self.chunks()
+            rows = np.zeros((1, 4 + len(edges)), np.int64)
+            rows[0, :4] = (self.address, ctypes.addressof(self._args), self._partials_ptr,
+                           len(edges) - 1)
+            rows[0, 4:] = edges
+            self._tables[n] = graphsink.table(rows, len(self.splits()))
+        return self._tables[n]
 
     def run_in(self, env: dict) -> list[np.ndarray]:
         """A call on the env's values (a step the graph sink cannot run). Graph inputs were
@@ -386,7 +384,8 @@ def compile_kernel(node: Node, fastmath: bool, use_cache: bool,
     return NativeKernel(node, built.get("abi", abi), fastmath, key, parts,
                         time.perf_counter() - start, hit, built.get("optimized", ""), target,
                         fns[0], fns[1] if abi.finisher else None, views,
-                        _module=built.get("module"), call=graphsink.sink(use_cache).call)
+                        _module=built.get("module"), call=graphsink.sink(use_cache).call,
+                        sink=graphsink.sink(use_cache))
 
 
 class LLVMProgram:
@@ -430,10 +429,18 @@ class LLVMProgram:
         self._sink_tables: dict[int, graphsink.Table] = {}  # by thread count
         self.plan = self._plan()
         self.buffers = self.plan.buffers
+        self._threads = threads()
         # A numpy result that views a parameter a kernel stores in place must keep its value
         # only if something reads it once that store has run: decided here, from the schedule.
         self.read_late = _read_late(self.nodes, self.native, graph, self._reads, self.buffers)
         self.copies = _copies(self.nodes, self.native, self.read_late)
+        # The products the BLAS computes where their operands lie (a weight's transpose read in
+        # the weight, its view not made), cut into pieces that the sink's threads claim as
+        # they claim kernels' chunks (gemm.py).
+        self.products = gemm.products(self.nodes, self.buffers,
+                                      {*self.buffers, *graph.params}, _storers(self.nodes),
+                                      cache, self._threads)
+        self.nodes = _unread_views_dropped(self.nodes, {**self.native, **self.products}, graph)
         # (after the plan: a kernel that writes into planned buffers allocates nothing)
         may_fail = [i for i, n in enumerate(self.nodes) if self._may_fail(n)]
         self.backed_up = [v for n in self.nodes[:max(may_fail, default=0)]
@@ -441,9 +448,8 @@ class LLVMProgram:
         self.needs_backup = bool(self.backed_up)
         self._backups: dict[Value, np.ndarray] | None = None  # their copies, reused each step
         self._partials_made = False  # (kernels called one by one: made by the first step)
-        self._threads = threads()
         # The numpy nodes and kernel calls as closures, made once (base.NodeLoop).
-        self._loop = NodeLoop(self.nodes, native=self.native,
+        self._loop = NodeLoop(self.nodes, native={**self.native, **self.products},
                               stored=self.stored if self.read_late else (),
                               keep=self.read_late, into=self.buffers)
         # Outputs that are stored parameters themselves keep their value from before the step.
@@ -522,6 +528,9 @@ class LLVMProgram:
             parts.append(f"{comment} {k.value}{lines}: function {k.name} (cache key "
                          f"{k.key[:16]}, {made}{width})\n{text}")
         parts += [f"{comment} runs through numpy: {f.reason}" for f in self.fallbacks]
+        names = value_names(self.graph)
+        parts += [f"{comment} {names[p.out_value]} = matmul: {p.describe()}"
+                  for p in self.products.values()]
         return "\n".join(parts)
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
@@ -531,7 +540,7 @@ class LLVMProgram:
         stored in place so far are put back before the error propagates."""
         n = threads()  # read once a step: the environment is slow to read, kernel by kernel
         if n != self._threads:
-            for k in self.kernels:
+            for k in [*self.kernels, *self.products.values()]:
                 k.threads = n
             self._threads = n
         # An output that is a stored parameter itself keeps its value from before the step.
@@ -550,7 +559,8 @@ class LLVMProgram:
         for v, saved in self._backups.items():
             saved[...] = inputs[v]  # (numpy's copyto costs twice this on a bias's 32 floats)
         try:
-            updates = self._loop(env)
+            with blas.one_thread:  # (what `matmul` means, and the pieces run on one pool)
+                updates = self._loop(env)
         except BaseException:
             for v, saved in self._backups.items():
                 np.copyto(inputs[v], saved)
@@ -563,10 +573,11 @@ class LLVMProgram:
         nothing is committed. What a whole step takes beyond their sum is the loop's cost."""
         env: dict[Value, object] = dict(inputs)
         times = []
-        for i in range(len(self.nodes)):
-            start = time.perf_counter()
-            self._loop(env, slice(i, i + 1))
-            times.append(time.perf_counter() - start)
+        with blas.one_thread:
+            for i in range(len(self.nodes)):
+                start = time.perf_counter()
+                self._loop(env, slice(i, i + 1))
+                times.append(time.perf_counter() - start)
         return times
 
     def _run_sink(self, inputs: dict[Value, np.ndarray]) -> dict[Value, object]:
@@ -664,8 +675,10 @@ def _views(node: Node, at: int, storers: dict[Value, list[int]]
 
 def _unread_views_dropped(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph
                           ) -> list[Node]:
-    """The nodes without the views nothing reads any more (the kernels that used them read
-    their bases in place): in a step of kernels and such views, the graph sink runs all."""
+    """The nodes without the views nothing reads any more (the kernels and products that used
+    them read their bases in place): in a step of kernels and such views, the graph sink runs
+    all. An `after` edge to a view does not keep it: a view has no effect to wait for, and
+    its readers' own order is the schedule's."""
     needed = set(graph.returned())
     kept = []
     for n in reversed(nodes):
@@ -675,7 +688,6 @@ def _unread_views_dropped(nodes: list[Node], native: dict[int, NativeKernel], gr
         kept.append(n)
         k = native.get(id(n))
         needed.update(k.sources if k is not None else n.inputs)
-        needed.update(n.after)
     return kept[::-1]
 
 
