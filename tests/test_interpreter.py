@@ -334,12 +334,13 @@ def test_effects_the_return_does_not_reach_do_not_run(backend, rng):
     assert len(go.passes.run(g, "dce").graph.nodes) == 1
 
 
-@given(rows=st.integers(1, 9), width=st.integers(0, 5), k=st.integers(0, 40),
+@given(rows=st.integers(1, 9), width=st.integers(0, 5), k=st.integers(0, 80),
        dtype=st.sampled_from(["f32", "f64", "bf16", "i32"]), seed=st.integers(0, 2 ** 16))
 @settings(max_examples=60, deadline=None)
 def test_scatter_add_is_numpys_add_at_bit_for_bit(rows, width, k, dtype, seed):
-    """scatter_add adds by each element's flat position (numpy's quick 1-D add.at): the same
-    additions, in the same order, as add.at over rows, repeated and negative rows too."""
+    """scatter_add adds in layers of distinct rows, or, past 32 repeats of a row, by each
+    element's flat position (numpy's quick 1-D add.at): either way the same additions, in the
+    same order, as add.at over rows, repeated and negative rows too."""
     rng = np.random.default_rng(seed)
     np_dtype = go.ir.to_dtype(dtype).np_dtype
     x = (rng.standard_normal((rows, width)) * 100).astype(np_dtype)

@@ -703,18 +703,37 @@ def _scatter_add_infer(types: Sequence[Type], attrs: dict[str, Any]) -> list[Typ
 
 def _scatter_add(x: np.ndarray, indices: np.ndarray, updates: np.ndarray) -> np.ndarray:
     """np.add.at(out, indices, updates) on a copy of x (unbuffered: a repeated row accumulates
-    every update, in the order of the indices), written as the 1-D add.at of every element's
-    flat position: numpy's fast path, the same additions in the same order (the same bits),
-    4-5x quicker than the row-wise one on an embedding's gradient."""
+    every update, in the order of the indices). Done in layers: the k-th occurrence of every
+    row is added in the k-th layer, one fancy-indexed add whose rows are distinct; the same
+    additions in the same order as add.at (the same bits), 3x quicker on an embedding's
+    gradient. A row repeated more than MAX_LAYERS times (all tokens alike) takes add.at's
+    1-D fast path over every element's flat position instead."""
     out = x.copy()
     n, indices = x.shape[0], np.asarray(indices, np.intp).reshape(-1)
-    if indices.size and not -n <= int(indices.min()) <= int(indices.max()) < n:
+    if not indices.size:
+        return out
+    if not -n <= int(indices.min()) <= int(indices.max()) < n:
         bad = next(int(i) for i in indices if not -n <= i < n)
         raise IndexError(f"index {bad} is out of bounds for axis 0 with size {n}")
-    row = out.size // n if n else 0
-    flat = (indices % n * row)[:, None] + np.arange(row, dtype=np.intp) if n else indices
-    np.add.at(out.reshape(-1), flat.reshape(-1), np.ascontiguousarray(updates).reshape(-1))
+    indices = indices % n
+    rows = out.reshape(n, -1)
+    values = np.ascontiguousarray(updates).reshape(indices.size, rows.shape[1])
+    order = np.argsort(indices, kind="stable")  # each row's occurrences, in their order
+    ranked = indices[order]
+    firsts = np.flatnonzero(np.r_[True, ranked[1:] != ranked[:-1]])
+    rank = np.arange(ranked.size) - np.repeat(firsts, np.diff(np.r_[firsts, ranked.size]))
+    layers = int(rank.max()) + 1
+    if layers > _SCATTER_MAX_LAYERS:
+        flat = (indices * rows.shape[1])[:, None] + np.arange(rows.shape[1], dtype=np.intp)
+        np.add.at(out.reshape(-1), flat.reshape(-1), values.reshape(-1))
+        return out
+    for k in range(layers):
+        at = order[rank == k]
+        rows[indices[at]] += values[at]
     return out
+
+
+_SCATTER_MAX_LAYERS = 32  # (a layer costs a few µs however few its rows)
 
 
 register(OpDef("gather", INDEX, _gather_infer, lambda table, idx: np.take(table, idx, axis=0),
