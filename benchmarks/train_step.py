@@ -44,8 +44,10 @@ across them (`loss`; `Δloss`: the largest relative difference from torch eager'
 over the steps, where that loss is above LOSS_FLOOR: a model that learns its batch by heart
 ends near 0, where relative differences are rounding). For graphopt, a replay of the
 compiled program's nodes one by one, timed (each through the runtime's own node loop, on
-copies of the inputs), splits the step into matmul (numpy), compiled kernels, other numpy
-nodes and the Python around them. The machine's memory bandwidth is measured before and after.
+copies of the inputs), splits the step into matmul (numpy's BLAS), compiled kernels, other
+numpy nodes and the Python around them; for torch eager, torch.profiler splits its step into
+matmul (its BLAS: aten::mm, addmm, bmm) and the rest, so the two splits stand side by side.
+The machine's memory bandwidth is measured before and after.
 
 Writes <out>/train_step.md (tables), train_step.json (everything measured) and train_step.png.
 """
@@ -343,12 +345,14 @@ SETUPS: dict[str, Callable[[str, dict], Callable[[], float]]] = {
 
 # -- graphopt's step, node by node -------------------------------------------------------------
 
+MATMUL = "matmul (numpy's BLAS)"
+
 def node_kind(node, program) -> str:
     """The breakdown's row of a node the program runs."""
     if id(node) in program.native:
         return "kernels (LLVM)"
     if node.op == "matmul":
-        return "matmul (numpy)"
+        return MATMUL
     if node.body is not None:
         return "kernels run by numpy (no lowering)"
     return f"numpy: {node.op}"
@@ -417,6 +421,22 @@ def python_overhead(case: str, reps: int) -> dict[str, float]:
     return {"step_us": us, "nodes": nodes, "us_per_node": us / nodes}
 
 
+TORCH_MATMULS = ("aten::mm", "aten::addmm", "aten::bmm", "aten::baddbmm")
+
+
+def torch_matmul_ms(step: Callable[[], float], reps: int) -> tuple[float, float]:
+    """The milliseconds per step torch spends in its matrix products and in all its ops (the
+    self CPU times under torch.profiler, over `reps` steps): the profiler slows the ops it
+    records, so the two are read together, not beside an unprofiled step."""
+    from torch.profiler import ProfilerActivity, profile
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        for _ in range(reps):
+            step()
+    events = prof.key_averages()
+    mm = sum(e.self_cpu_time_total for e in events if e.key in TORCH_MATMULS)
+    return mm / reps / 1e3, sum(e.self_cpu_time_total for e in events) / reps / 1e3
+
+
 # -- workers (one subprocess each) -----------------------------------------------------------
 
 def worker_run(impl: str, case: str, quick: bool) -> dict:
@@ -439,6 +459,8 @@ def worker_run(impl: str, case: str, quick: bool) -> dict:
         info["kernel_runs_per_step"] = sum(k.calls for k in exe.kernels) / len(losses)
         info["breakdown"] = replay_breakdown(exe, args, 3 if quick else 10)
         info["overhead"] = python_overhead(case, reps)
+    if impl == "torch":
+        info["matmul_ms"], info["profiled_ms"] = torch_matmul_ms(step, 3 if quick else 10)
     return {"impl": impl, "case": case, "ms": ms, "min_ms": float(np.min(times) * 1e3),
             "reps": reps, "warmup": warmup, "steps": len(losses), "first_call_s": first_call,
             "loss": losses[-1], "losses": losses, "peak_rss_mb": peak_rss_mb(),
@@ -561,7 +583,7 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
         if r and "error" not in r:
             kinds += [k for k in r["breakdown"] if k not in kinds and
                       k not in ("total", "slowest")]
-    fixed = ["matmul (numpy)", "kernels (LLVM)", "kernels run by numpy (no lowering)"]
+    fixed = [MATMUL, "kernels (LLVM)", "kernels run by numpy (no lowering)"]
     kinds = [k for k in fixed if k in kinds] + sorted(k for k in kinds if k not in fixed)
     brk = ["| case | step (ms) | " + " | ".join(kinds) + " | replay total | Python "
            "around the nodes | Python overhead per node |", "|---" * (len(kinds) + 5) + "|"]
@@ -597,6 +619,17 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
         slow += [f"| {case} | {n['node'].replace('|', '/')} | {n['kind']} | "
                  f"{fmt_ms(n['ms'])} |" for n in b.get("slowest", [])]
     text += "\n\ngraphopt step by node kind (replay, ms)\n" + "\n".join(brk_txt)
+    split = ["| case | graphopt matmul | graphopt rest | torch matmul | torch rest | "
+             "matmul: graphopt ÷ torch | rest: graphopt ÷ torch |", "|---" * 7 + "|"]
+    for case in cases:
+        g, t = (results.get(case, {}).get(i) for i in ("graphopt", "torch"))
+        if not g or not t or "error" in g or "error" in t or "profiled_ms" not in t:
+            continue
+        gm = g["breakdown"].get(MATMUL, {}).get("ms", 0.0)
+        g_rest = g["breakdown"]["total"]["ms"] - gm
+        tm, t_rest = t["matmul_ms"], t["profiled_ms"] - t["matmul_ms"]
+        split.append(f"| {case} | {fmt_ms(gm)} | {fmt_ms(g_rest)} | {fmt_ms(tm)} | "
+                     f"{fmt_ms(t_rest)} | {gm / tm:.2f} | {g_rest / t_rest:.2f} |")
     bw_text, bw_md = bandwidth_report(bandwidth) if bandwidth else ("", [])
     text += "\n\n" + bw_text if bw_text else ""
     if skipped:
@@ -620,7 +653,8 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
            f"the same weights and batch); `Δloss` is the largest relative difference from "
            f"{REFERENCE}'s loss over the steps where {REFERENCE}'s is above {LOSS_FLOOR:g} "
            "(in parentheses: how many steps; the MLPs learn their one batch by heart and "
-           "end near 0, where relative differences are only rounding); `2-core` is the speedup of 2 threads over 1 on a compute-bound "
+           "end near 0, where relative differences are only rounding); `2-core` is the "
+           "speedup of 2 threads over 1 on a compute-bound "
            "numpy probe run before the timed steps (2.0: both cores free; near 1.0: one "
            "core's worth); `graphopt ÷ this` is graphopt's time over this row's (below 1: "
            "graphopt is faster).", "",
@@ -641,6 +675,15 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
              if brk_rows else []),
            "The slowest nodes of the replay (median ms per step; a kernel by its name and "
            "the ops it fused):", "", *slow, "",
+           "## Matmul and the rest, graphopt and torch eager", "",
+           "ms per step. graphopt's from the replay above (the rest: the replay's other "
+           "nodes); torch's from torch.profiler, over 10 steps (3 with --quick) after the "
+           "timed ones: the self CPU time of aten::mm, addmm and bmm, and of every other op "
+           "(the profiler slows what it records, so its two figures are read together, not "
+           "against the unprofiled step). Each framework's "
+           "products are its BLAS's (numpy's OpenBLAS for graphopt, MKL for torch's "
+           "x86 wheels).", "", *(split if len(split) > 2 else ["(no graphopt and torch rows)"]),
+           "",
            "## graphopt compile", "", *comp, "", *bw_md]
     if skipped:
         out += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), ""]
