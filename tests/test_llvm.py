@@ -182,6 +182,38 @@ def test_broadcast_operands_take_strided_loops():
 
 
 @pytest.mark.usefixtures("cpu_level")
+@pytest.mark.parametrize("n", [1, 63, 64, 65, 1089, 300_001])
+def test_flat_loops_prefetch_and_compute_every_unit_once(n, monkeypatch):
+    """A flat loop runs in chunks of PREFETCH_CHUNK units, each prefetching its contiguous
+    operands' lines PREFETCH_AHEAD units on (codegen.stream, past the end too): every unit is
+    updated once however the sink's threads cut the units (claims of 997 units here, which
+    no chunk divides), and a loop nest (an operand broadcast) is left unchunked."""
+    from graphopt.backends.llvm import runtime
+    monkeypatch.setenv("GRAPHOPT_THREADS", "2")
+    monkeypatch.setattr(runtime, "CHUNK_ELEMENTS", 997)
+    rng = np.random.default_rng(n)
+    p0 = rng.standard_normal(n).astype(np.float32)
+    g = rng.standard_normal(n).astype(np.float16)
+    w = go.Parameter(p0.copy(), name="w")
+
+    def step(g):
+        go.assign(w, w * 0.5 + g.astype(np.float32))  # one rounding, as numpy makes it
+        return (w * 2).sum()
+
+    fn = go.jit(step, backend="llvm", cache=False)
+    total = fn(g)
+    expected = p0 * np.float32(0.5) + g.astype(np.float32)
+    np.testing.assert_array_equal(w.numpy(), expected)  # a unit run twice would be 0.5 off
+    np.testing.assert_allclose(float(total), 2 * expected.astype(np.float64).sum(), rtol=1e-6)
+    (k,) = fn.lower(g).kernels
+    assert ("call void @llvm.prefetch" in k.optimized()) == (n > 1)  # one element: no loop
+    row = np.ones(4, np.float32)
+    (nest,) = go.jit(lambda x: x * row, backend="llvm", cache=False).lower(
+        np.ones((8, 3, 4), np.float32)).kernels
+    assert len(nest.abi.instances[0].dims) >= 2 and "llvm.prefetch" not in nest.optimized()
+
+
+@pytest.mark.usefixtures("cpu_level")
 def test_reductions_are_deterministic_across_threads(monkeypatch):
     x = np.random.default_rng(4).standard_normal(3_000_000).astype(np.float32)
     step = lambda x: ((x * x).sum(), x.max(), (x * 0.5).mean())  # noqa: E731

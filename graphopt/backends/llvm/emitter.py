@@ -35,6 +35,7 @@ from . import mathfns
 F32, F64 = ir.FloatType(), ir.DoubleType()
 I1, I8, I16, I32, I64 = (ir.IntType(n) for n in (1, 8, 16, 32, 64))
 HALF = ir.HalfType()
+PTR = ir.PointerType()
 
 
 def compute_type(d: DType) -> ir.Type:
@@ -276,6 +277,16 @@ class Emitter:
         elif d.name == "bool":
             value = self.b.zext(value, I8)
         self.b.store(value, self.b.gep(ptr, [offset], inbounds=True, source_etype=t))
+
+    def prefetch(self, ptr, offset, d: DType) -> None:
+        """Ask for the cache line holding element `offset` of a `d` array at `ptr` (the address
+        may lie past the array's end: a prefetch never faults)."""
+        t = storage_type(d)
+        fn = self.module.declare_intrinsic(
+            "llvm.prefetch.p0", (), ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
+        read, keep_in_all_levels, data = (ir.Constant(I32, k) for k in (0, 3, 1))
+        self.b.call(fn, [self.b.gep(ptr, [offset], source_etype=t), read, keep_in_all_levels,
+                         data])
 
     def bf16_to_f32(self, raw):
         bits = self.b.shl(self.b.zext(raw, I32), ir.Constant(I32, 16))

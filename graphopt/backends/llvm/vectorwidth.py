@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from llvmlite import ir
 
 from ...ir.graph import Node
-from ...ir.kernel import ROW, body_reductions, finish_reductions, split_kind, stages
+from ...ir.kernel import body_reductions, finish_reductions, is_mapped, split_kind, stages
 from ...ir.types import DType, TensorType, to_dtype
 from .emitter import compute_type
 from .engine import optimize
@@ -63,9 +63,8 @@ def kernel_vector_width(node: Node, target: Target | None = None) -> VectorWidth
 
 
 def _loop_dtypes(node: Node) -> list[DType]:
-    """The dtypes of the kernel's values, then of its accumulators: a full reduction adds in
-    its own type within a block; one over leading axes and a row's sum or mean add in f64
-    (i64 for integers), a max in its own type."""
+    """The dtypes of the kernel's values, then of its accumulators: a sum or mean (full, over
+    leading axes or along a row) adds in f64 (i64 for integers), a max in its own type."""
     body = node.body
     # (a finish stage runs in the finisher, once per element of the reduced shape)
     st = stages(body)
@@ -73,8 +72,8 @@ def _loop_dtypes(node: Node) -> list[DType]:
     values = [v.dtype for v in inputs + [o for n in st.element for o in n.outputs]
               if isinstance(v.type, TensorType)]
     kinds = node.attrs.get("outputs", ())  # (a row kernel has none)
-    reductions = [(op, body.outputs[i].dtype) for i, (op, k) in
-                  enumerate(map(split_kind, kinds)) if k is not None and op != ROW]
+    reductions = [(split_kind(k)[0], body.outputs[i].dtype) for i, k in enumerate(kinds)
+                  if not is_mapped(k)]
     reductions += [(n.op, n.out.dtype) for n in body_reductions(body) + finish_reductions(body)]
     accumulators = [to_dtype("f64" if d.is_float else "i64") for op, d in reductions
                     if op != "max"]
