@@ -203,7 +203,7 @@ def test_flat_loops_prefetch_and_compute_every_unit_once(n, monkeypatch):
     fn = go.jit(step, backend="llvm", cache=False)
     total = fn(g)
     expected = p0 * np.float32(0.5) + g.astype(np.float32)
-    np.testing.assert_array_equal(w.numpy(), expected)  # a unit run twice would be 0.5 off
+    np.testing.assert_array_equal(w.numpy(), expected)  # a unit run twice: updated twice
     np.testing.assert_allclose(float(total), 2 * expected.astype(np.float64).sum(), rtol=1e-6)
     (k,) = fn.lower(g).kernels
     assert ("call void @llvm.prefetch" in k.optimized()) == (n > 1)  # one element: no loop

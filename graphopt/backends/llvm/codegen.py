@@ -60,7 +60,7 @@ from ...ir.kernel import (
     upstream,
 )
 from ...ir.printer import value_names
-from ...ir.types import TensorType
+from ...ir.types import DType, TensorType
 from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, PTR, Emitter, compute_type, storage_type
 from .lowering import LOWERING
@@ -388,7 +388,7 @@ class _Builder:
         self.loop(self.i64(0), count, run, "chunk")
 
     @property
-    def operand_dtypes(self) -> list:
+    def operand_dtypes(self) -> list[DType]:
         """The dtype of each pointer in self.ptrs: the body inputs', then the mapped
         outputs'."""
         body = self.node.body
