@@ -83,8 +83,8 @@ def test_the_llvm_listing_names_each_kernel_node_and_its_lines_and_the_target_on
     headers = [line for line in text.splitlines() if re.match(r"; \S+ = kernel", line)]
     assert len(headers) == len(exe.kernels) >= 2
     for k in exe.kernels:
-        assert k.value == f"{names[k.node.outputs[0]]} = kernel"
-        start = f"; {k.value} from {k.lines}:" if k.lines else f"; {k.value}:"
+        value = f"{names[k.node.outputs[0]]} = kernel"
+        start = f"; {value} from {k.lines}:" if k.lines else f"; {value}:"
         assert any(h.startswith(start) and k.name in h for h in headers), (start, headers)
         assert features not in repr(k)
     lines = {k.lines for k in exe.kernels}

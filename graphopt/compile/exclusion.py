@@ -47,16 +47,9 @@ class Domain:
 
 
 _merging = threading.Lock()  # one merge at a time: a merge holds several domains' locks
-# id(owner) -> its domain, while the owner lives (by id: a tensor's == builds a tensor)
-_of: dict[int, Domain] = {}
-
-
-def _domain(owner: Any) -> Domain:
-    d = _of.get(id(owner))
-    if d is None:
-        d = _of[id(owner)] = Domain()
-        weakref.finalize(owner, _of.pop, id(owner), None)
-    return d.root()
+# id(owner) -> (its domain, a weak reference whose callback drops the entry), while the owner
+# lives (by id: a tensor's == builds a tensor)
+_of: dict[int, tuple[Domain, weakref.ref]] = {}
 
 
 class _Group:
@@ -79,16 +72,28 @@ def group_owner(name: str) -> Any:
 
 def domain_of(owners: Iterable[Any]) -> Domain:
     """One domain for a new step and the objects it touches (its Parameters): theirs merged,
-    or a new one."""
+    or a new one. An owner seen for the first time joins it directly (a step's thousands of
+    new Parameters and state buffers are one domain from the start)."""
     with _merging:
-        roots = list({id(r): r for r in map(_domain, owners)}.values()) or [Domain()]
-        for r in roots:  # wait for the calls in flight in each
+        roots: dict[int, Domain] = {}
+        fresh: dict[int, Any] = {}
+        for owner in owners:
+            entry = _of.get(id(owner))
+            if entry is None:
+                fresh[id(owner)] = owner
+            else:
+                r = entry[0].root()
+                roots[id(r)] = r
+        merged = list(roots.values()) or [Domain()]
+        for r in merged:  # wait for the calls in flight in each
             r.lock.acquire()
-        for r in roots[1:]:
-            r.parent = roots[0]
-        for r in roots:
+        for r in merged[1:]:
+            r.parent = merged[0]
+        for r in merged:
             r.lock.release()
-        return roots[0]
+        for key, owner in fresh.items():
+            _of[key] = (merged[0], weakref.ref(owner, lambda _, key=key: _of.pop(key, None)))
+        return merged[0]
 
 
 _MAIN = threading.main_thread().ident

@@ -55,6 +55,8 @@ from .registry import (COLLECTIVE, CONSTANT, ELEMENTWISE, KERNEL, REDUCTION, REG
 from .types import RowsType, TensorType, TokenType, Type, shape_problem
 from .uses import Operands
 
+_NAME, _TYPE = operator.attrgetter("name"), operator.attrgetter("type")
+
 Fail = Callable[[str, "Node | Value | Graph | None", str], None]
 # Where each node, graph input and return (keyed by its graph) is written in IR text that was
 # parsed (parse(text, lines=...)); empty for a graph built in code.
@@ -101,6 +103,15 @@ def verify(graph: Graph, lines: Lines | None = None) -> None:
     _verify(graph, region=False, lines=lines or {})
 
 
+def _inputs_fine(inputs: list[Value]) -> bool:
+    """Whether the inputs have distinct names and are tensors of sizes that fit (the rules
+    _verify checks input by input), tested at once."""
+    types = list(map(_TYPE, inputs))
+    return len(set(map(_NAME, inputs))) == len(inputs) and \
+        all(type(t) is TensorType for t in types) and \
+        not any(shape_problem(*k) for k in {(t.shape, t.dtype.itemsize) for t in types})
+
+
 def _verify(graph: Graph, region: bool, lines: Lines) -> None:
     def fail(rule: str, node: Node | Value | Graph | None, msg: str) -> None:
         inside = " (in a kernel body)" if region else ""
@@ -111,16 +122,17 @@ def _verify(graph: Graph, region: bool, lines: Lines) -> None:
     def describe(node: Node) -> str:
         return _describe(node, graph, lines)
 
-    names = set()
-    for v in graph.inputs:
-        if v.name in names:
-            fail("unique-names", v, f"graph input '{v.name}' is declared twice")
-        names.add(v.name)
-        if not isinstance(v.type, TensorType):
-            fail("types", v, f"graph input '{v.name}' is a {v.type}; inputs are tensors")
-        problem = _size_problem(v.type)
-        if problem is not None:
-            fail("size", v, f"graph input '{v.name}': {v.type} has {problem}")
+    if not _inputs_fine(graph.inputs):  # (thousands of inputs: one test, then the culprit)
+        names = set()
+        for v in graph.inputs:
+            if v.name in names:
+                fail("unique-names", v, f"graph input '{v.name}' is declared twice")
+            names.add(v.name)
+            if not isinstance(v.type, TensorType):
+                fail("types", v, f"graph input '{v.name}' is a {v.type}; inputs are tensors")
+            problem = _size_problem(v.type)
+            if problem is not None:
+                fail("size", v, f"graph input '{v.name}': {v.type} has {problem}")
 
     producer = producers(graph)
     defined: set[Value] = set(graph.inputs)

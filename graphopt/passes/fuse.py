@@ -338,12 +338,13 @@ class _Fuser(Grouping):
         for n in self.graph.nodes:
             if n.body is None or not kernel_ir.written(n):
                 continue
+            stores = [j for j, _ in kernel_ir.stores(n.body)]
             for row in kernel_ir.instance_rows(n):
-                params = ", ".join(self.names[row[j]] for j, _ in kernel_ir.stores(n.body))
                 for v in dict.fromkeys(row):
                     p = self.producer.get(v)
                     if p is not None and v.shape != () and all(u is n for u in v.users) and \
                             not self.finishes(p):
+                        params = ", ".join(self.names[row[j]] for j in stores)
                         self.ctx.refuse(f"the update of {params}", self.why_stored(v, p), n.loc)
 
     def finishes(self, p: Node) -> bool:

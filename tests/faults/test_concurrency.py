@@ -112,3 +112,24 @@ def test_a_step_traced_on_one_thread_does_not_capture_another_threads_call():
     run_threads(trace_it)
     assert [n.op for n in traced["graph"].nodes if n.op != "constant"] == ["multiply"]
     assert fast.cache_info().hits >= 1 and fast.cache_info().compiles == 1
+
+
+def test_domains_follow_the_parameters_and_forget_the_dead():
+    """A step's new Parameters join its domain; a step that shares one of them is in the
+    same domain; one that shares nothing is not; the entry of a Parameter that died goes."""
+    import gc
+
+    from graphopt.compile import exclusion
+    a, b, c = (go.Parameter(np.zeros(4, np.float32), name=n) for n in "abc")
+    jit = go.jit(backend="interpreter", cache=False)
+    s1 = jit(lambda x: go.assign(a, a + x)).lower(np.ones(4, np.float32))
+    s2 = jit(lambda x: go.assign(b, b + x)).lower(np.ones(4, np.float32))
+    assert s1._domain.root() is not s2._domain.root()
+    s3 = jit(lambda x: (go.assign(a, a + x), go.assign(b, b + x), go.assign(c, c + x))
+             ).lower(np.ones(4, np.float32))
+    assert s1._domain.root() is s2._domain.root() is s3._domain.root()
+    assert exclusion._of[id(c)][0].root() is s3._domain.root()
+    key = id(c)
+    del s3, c
+    gc.collect()
+    assert key not in exclusion._of

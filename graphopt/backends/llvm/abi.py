@@ -9,6 +9,7 @@ from __future__ import annotations
 import functools
 import hashlib
 import math
+import operator
 from dataclasses import dataclass
 from typing import Mapping, NamedTuple
 
@@ -29,6 +30,8 @@ from ...ir.kernel import (
 )
 from ...ir.printer import format_graph
 from ...ir.types import contiguous_strides
+
+_SHAPE = operator.attrgetter("type.shape")
 
 BLOCK_ELEMENTS = 8192  # elements per reduction block (a few pages of each operand)
 # Units (rows) per block at least, in a kernel with a leading-axes reduction: each block keeps
@@ -140,9 +143,12 @@ def collapse(space: tuple[int, ...], shapes: list[tuple[int, ...]],
 def _column_stride(column: list, spaces: list[tuple[int, ...]]) -> tuple[int]:
     """An operand of a multi-tensor kernel streams in every instance or is a scalar in every
     one: one code path serves them all (an instance of one element is either)."""
-    kinds = {v.type.shape == space for v, space in zip(column, spaces) if math.prod(space) != 1}
-    if len(kinds) > 1 or any(math.prod(v.type.shape) != 1 and v.type.shape != space
-                             for v, space in zip(column, spaces)):
+    shapes = list(map(_SHAPE, column))
+    if shapes == spaces:  # (the common case, tested in C: a column of thousands)
+        return (0,) if all(n == 1 for n in map(math.prod, spaces)) else (1,)
+    kinds = {shape == space for shape, space in zip(shapes, spaces) if math.prod(space) != 1}
+    if len(kinds) > 1 or any(math.prod(shape) != 1 and shape != space
+                             for shape, space in zip(shapes, spaces)):
         raise LoweringError(f"a multi-tensor kernel's operand that streams in some instances "
                             f"and broadcasts in others ({[str(v.type) for v in column]} over "
                             f"{spaces}) has no one code path")

@@ -79,10 +79,11 @@ class NativeKernel:
     # graphsink's `call`: the function, called alone, with its arguments from a Record.
     call: object = field(default=None, repr=False)
     sink: graphsink.Sink | None = field(default=None, repr=False)  # runs a split call
-    # Which node of the program's graph it is, as the graph prints ("%3 = kernel"), and the
-    # user's source lines fused into it ("step.py:8-9"): set by the program.
-    value: str = ""
-    lines: str = ""
+
+    @property
+    def lines(self) -> str:
+        """The user's source lines fused into it ("step.py:8-9")."""
+        return kernel_ir.source_lines(self.node)
 
     @property
     def module(self):
@@ -408,10 +409,6 @@ class LLVMProgram:
                 continue
             self.kernels.append(k)
             self.native[id(node)] = k
-        names = value_names(graph)
-        for k in self.kernels:
-            results = ", ".join(names[v] for v in k.node.outputs)
-            k.value, k.lines = f"{results} = kernel", kernel_ir.source_lines(k.node)
         self.stored = {v for k in self.kernels for v in kernel_ir.written(k.node)}
         self.nodes = _unread_views_dropped(self.nodes, self.native, graph)
         # Graph inputs that native code reads as they are: the arguments that must be
@@ -519,16 +516,17 @@ class LLVMProgram:
         else:  # the target once: every kernel of a program is compiled for the same
             t = self.kernels[0].target
             parts = [f"{comment} target {t.triple}, cpu {t.cpu}, features {t.features}"]
+        names = value_names(self.graph)
         for k in self.kernels:
             text = show(k)
             width = (f", vector width {kernel_vector_width(k.node, k.target)}, widest vector "
                      f"{widest_vector(text)}" if kind == "llvm" else "")
             made = "cached" if k.cache_hit else f"compiled in {k.compile_seconds * 1e3:.1f} ms"
             lines = f" from {k.lines}" if k.lines else ""
-            parts.append(f"{comment} {k.value}{lines}: function {k.name} (cache key "
+            results = ", ".join(names[v] for v in k.node.outputs)
+            parts.append(f"{comment} {results} = kernel{lines}: function {k.name} (cache key "
                          f"{k.key[:16]}, {made}{width})\n{text}")
         parts += [f"{comment} runs through numpy: {f.reason}" for f in self.fallbacks]
-        names = value_names(self.graph)
         parts += [f"{comment} {names[p.out_value]} = matmul: {p.describe()}"
                   for p in self.products.values()]
         return "\n".join(parts)
@@ -703,8 +701,9 @@ def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph,
     through numpy nodes alone: a weight's transpose read by the backward's matmuls before
     the weight's update needs no copy, whatever bias was stored before; a value computed
     from the memory plan's buffers (a kernel's output) sees none."""
+    by_numpy = [n for n in nodes if id(n) not in native and not n.opdef.has_effect]
     first = {v: min(at) for v, ats in _storers(nodes).items()  # the compiled kernels' stores
-             if (at := [i for i in ats if id(nodes[i]) in native])}
+             if (at := [i for i in ats if id(nodes[i]) in native])} if by_numpy else {}
     if not first:
         return set()
     earliest, never = min(first.values()), len(nodes) + 1
@@ -714,10 +713,9 @@ def _read_late(nodes: list[Node], native: dict[int, NativeKernel], graph: Graph,
         if v in planned:
             return never
         return first.get(v, never) if v.is_input else seen.get(v, earliest)
-    for n in nodes:
-        if id(n) not in native and not n.opdef.has_effect:
-            at = min(map(seen_by, n.inputs), default=never)
-            seen.update((v, at) for v in n.outputs)
+    for n in by_numpy:
+        at = min(map(seen_by, n.inputs), default=never)
+        seen.update((v, at) for v in n.outputs)
     life = memplan.lifetimes(nodes, reads, graph)
     return {v for v, at in seen.items()  # a token holds no data
             if isinstance(v.type, TensorType) and v not in planned and life[v][1] >= at}
