@@ -14,7 +14,8 @@
 | `GRAPHOPT_BACKEND`            | `llvm`      | the backend `jit` uses when none is given:         |
 |                               |             | `llvm` or `interpreter` (numpy, the reference)     |
 | `GRAPHOPT_THREADS`            | (cores)     | threads a large kernel may split over (default     |
-|                               |             | and most: the machine's cores)                     |
+|                               |             | and most: the machine's cores); 1 also keeps       |
+|                               |             | compiling in this process (no compile helper)      |
 | `GRAPHOPT_VERIFY`             | `last`      | `each`: jit verifies the traced graph and the      |
 |                               |             | graph after every pass, not only the final one     |
 | `GRAPHOPT_CPU`                | `host`      | the CPU kernels are compiled for: an LLVM CPU name |
@@ -185,7 +186,8 @@ VARIABLES: dict[str, Variable] = {v.name: v for v in (
     Variable("GRAPHOPT_BACKEND", "llvm", "the backend jit uses when none is given",
              _choice(*BACKENDS), " or ".join(BACKENDS)),
     Variable("GRAPHOPT_THREADS", "", "threads a large kernel may split over (default and "
-                                     "most: cores)", _threads,
+                                     "most: cores); 1 also keeps compiling in this process",
+             _threads,
              "a whole number of threads, 1 or more (more than this machine's cores counts as "
              "its cores; unset: every core)"),
     Variable("GRAPHOPT_VERIFY", "last", "each: jit verifies the traced graph and the graph "

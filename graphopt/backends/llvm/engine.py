@@ -12,6 +12,7 @@ from __future__ import annotations
 import ctypes
 import functools
 import platform
+import time
 import warnings
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
@@ -21,7 +22,7 @@ import llvmlite.binding as llvm
 
 from ... import diskcache
 from ...errors import LoweringError
-from . import linker
+from . import compileworker, linker
 from .target import Target, baseline, llvm_lock, selected
 
 if TYPE_CHECKING:
@@ -58,36 +59,41 @@ def _compiler_parts() -> dict[str, str]:
 class Compiled:
     optimized_ir: str
     object_code: bytes
-
-
-def _module_for(text: str, target: Target) -> llvm.ModuleRef:
-    tm = target_machine(target)
-    mod = llvm.parse_assembly(text)
-    mod.triple = tm.triple
-    mod.data_layout = str(tm.target_data)
-    mod.verify()
-    return mod
+    seconds: float = 0.0  # LLVM's time on it (in this process or the helper)
 
 
 def optimize(module: ir.Module, target: Target | None = None) -> llvm.ModuleRef:
     target = target or selected()
-    mod = _module_for(str(module), target)
-    pto = llvm.create_pipeline_tuning_options(speed_level=3)
-    pto.loop_vectorization = True
-    pto.slp_vectorization = True
-    pto.loop_unrolling = True
-    pb = llvm.create_pass_builder(target_machine(target), pto)
-    pb.getModulePassManager().run(mod, pb)
-    return mod
+    tm = target_machine(target)
+    return compileworker.optimize(compileworker.parse(str(module), tm), tm)
 
 
 def compile_module(module: ir.Module, target: Target | None = None) -> Compiled:
     """Object code for a target (the selected one by default; another machine's too, to be
     compiled and never loaded)."""
+    return compile_modules([module], target)[0]
+
+
+def compile_modules(modules: list[ir.Module], target: Target | None = None,
+                    helper: bool = False) -> list[Compiled]:
+    """compile_module of each; with `helper`, a helper process compiles some of them at
+    the same time (compileworker.py: llvmlite lets one thread into LLVM at a time)."""
     target = target or selected()
-    with llvm_lock:
-        mod = optimize(module, target)
-        return Compiled(str(mod), target_machine(target).emit_object(mod))
+    jobs = [compileworker.Job(str(m), target.triple, target.cpu, target.features)
+            for m in modules]
+
+    def here(job: compileworker.Job) -> None:
+        start = time.perf_counter()
+        with llvm_lock:
+            job.optimized, job.object_code = compileworker.compile_ir(
+                job.ir, target_machine(target))
+        job.seconds = time.perf_counter() - start
+    if helper and len(jobs) > 1:
+        compileworker.compile_jobs(jobs, here)
+    else:
+        for job in jobs:
+            here(job)
+    return [Compiled(j.optimized, j.object_code, j.seconds) for j in jobs]
 
 
 def assembly(module: ir.Module, target: Target | None = None) -> str:
@@ -123,25 +129,37 @@ def load(object_code: bytes, names: tuple[str, ...], target: Target) -> list[int
         return [_loaded[target, symbol] for symbol in names]
 
 
-def load_cached(key: str, parts: dict[str, str], names: tuple[str, ...], target: Target,
-                build: Callable[[], bytes], use_cache: bool) -> tuple[list[int], bool]:
+def cached(key: str, parts: dict[str, str], names: tuple[str, ...], target: Target,
+           use_cache: bool) -> list[int] | None:
     """The addresses of the functions `names` of the object code cached under these parts,
-    or of what `build` compiles (then cached); and whether it came from the cache. A cached
-    entry that fails the checks before linking (linker.check: not object code, another
-    kernel's, a symbol that does not resolve) is a corrupt entry: warned of, compiled again
-    and replaced."""
-    use_cache = use_cache and diskcache.enabled()
-    obj = diskcache.load(key, parts) if use_cache else None
+    or None. A cached entry that fails the checks before linking (linker.check: not object
+    code, another kernel's, a symbol that does not resolve) is a corrupt entry: warned of,
+    and None (the caller compiles it again, and store_and_load replaces it)."""
+    obj = diskcache.load(key, parts) if use_cache and diskcache.enabled() else None
     if obj is not None:
         try:
-            return load(obj, names, target), True
+            return load(obj, names, target)
         except LoweringError as e:
             warnings.warn(f"graphopt cache: entry {key[:16]} cannot be linked ({e.message}); "
-                          f"compiling it again", diskcache.CacheWarning, stacklevel=2)
-    obj = build()
-    if use_cache:
+                          f"compiling it again", diskcache.CacheWarning, stacklevel=3)
+    return None
+
+
+def store_and_load(key: str, parts: dict[str, str], names: tuple[str, ...], target: Target,
+                   obj: bytes, use_cache: bool) -> list[int]:
+    """Cache compiled object code under these parts (when caching), then load it."""
+    if use_cache and diskcache.enabled():
         diskcache.store(key, parts, obj)
-    return load(obj, names, target), False
+    return load(obj, names, target)
+
+
+def load_cached(key: str, parts: dict[str, str], names: tuple[str, ...], target: Target,
+                build: Callable[[], bytes], use_cache: bool) -> list[int]:
+    """cached(...), or store_and_load of what `build` compiles."""
+    addresses = cached(key, parts, names, target, use_cache)
+    if addresses is not None:
+        return addresses
+    return store_and_load(key, parts, names, target, build(), use_cache)
 
 
 def runtime_functions(text: str, names: tuple[str, ...], use_cache: bool = True) -> list[int]:
@@ -152,6 +170,6 @@ def runtime_functions(text: str, names: tuple[str, ...], use_cache: bool = True)
 
     def build() -> bytes:
         with llvm_lock:
-            return target_machine(target).emit_object(_module_for(text, target))
+            return compileworker.compile_ir(text, target_machine(target), optimized=False)[1]
     parts = {"runtime": text.strip(), **target_parts(target)}
-    return load_cached(diskcache.make_key(parts), parts, names, target, build, use_cache)[0]
+    return load_cached(diskcache.make_key(parts), parts, names, target, build, use_cache)

@@ -356,37 +356,96 @@ def _strided(node: Node, views: dict[int, tuple[Value, int, tuple[int, ...]]]
             if differs(node.inputs[i].shape, strides)}
 
 
-def compile_kernel(node: Node, fastmath: bool, use_cache: bool,
-                   views: dict[int, tuple[Value, int, tuple[int, ...]]] | None = None
+Views = dict[int, tuple[Value, int, tuple[int, ...]]]
+
+
+def compile_kernel(node: Node, fastmath: bool, use_cache: bool, views: Views | None = None
                    ) -> NativeKernel:
     """Load the kernel's object code from the cache, or generate and compile it (and cache
     it). A cache hit needs only the kernel's plan: no LLVM IR is built. `views`: operands it
     reads where they lie in another value's memory (see _views)."""
-    start = time.perf_counter()
+    (k,) = compile_kernels([(node, views or {})], fastmath, use_cache)
+    if isinstance(k, LoweringError):
+        raise k
+    return k
+
+
+@dataclass
+class _Build:
+    """A kernel on its way to a NativeKernel: its plan and cache key, and its addresses once
+    loaded (its module when it was generated here: a cache miss)."""
+
+    node: Node
+    views: Views
+    abi: KernelABI
+    parts: dict[str, str]
+    key: str
+    seconds: float
+    addresses: list[int] | None = None
+    module: object = None
+    optimized: str = ""
+    error: LoweringError | None = None
+
+    def native(self, fastmath: bool, target: Target, use_cache: bool) -> NativeKernel:
+        fns = [KernelFn(a) for a in self.addresses or ()]
+        return NativeKernel(self.node, self.abi, fastmath, self.key, self.parts, self.seconds,
+                            self.module is None, self.optimized, target, fns[0],
+                            fns[1] if self.abi.finisher else None, self.views,
+                            _module=self.module, call=graphsink.sink(use_cache).call,
+                            sink=graphsink.sink(use_cache))
+
+
+def compile_kernels(kernels: Sequence[tuple[Node, Views]], fastmath: bool, use_cache: bool
+                    ) -> list[NativeKernel | LoweringError]:
+    """compile_kernel of each (node, views), or the LoweringError that says why it has no
+    code path. The kernels the cache does not have are compiled together, in a helper
+    process too when there are several and threads to spare (engine.compile_modules); a
+    kernel made twice in one program is compiled once."""
     target = selected()  # TargetError, before anything is compiled, if this host cannot run it
-    views = views or {}
-    strided = _strided(node, views)
-    text = canonical_text(node, strided)
-    abi = plan(node, fastmath, text, strided)
-    parts = {"kernel": text, "flags": flags(fastmath), **engine.target_parts(target)}
-    built: dict[str, object] = {}
+    made: list[_Build | LoweringError] = []
+    first: dict[str, _Build] = {}  # the kernels to compile, by key
+    for node, views in kernels:
+        start = time.perf_counter()
+        try:
+            strided = _strided(node, views)
+            text = canonical_text(node, strided)
+            abi = plan(node, fastmath, text, strided)
+            parts = {"kernel": text, "flags": flags(fastmath), **engine.target_parts(target)}
+            k = _Build(node, views, abi, parts, diskcache.make_key(parts), 0.0)
+            if k.key not in first:
+                k.addresses = engine.cached(k.key, parts, _names(abi), target, use_cache)
+                if k.addresses is None:
+                    from .codegen import generate  # the IR builder: loaded on a miss only
+                    k.module, k.abi = generate(node, fastmath, strided)
+                    first[k.key] = k
+        except LoweringError as e:
+            made.append(e)
+            continue
+        k.seconds = time.perf_counter() - start
+        made.append(k)
+    compiled = engine.compile_modules([k.module for k in first.values()], target,
+                                      helper=threads() > 1)
+    for k, c in zip(first.values(), compiled):
+        start = time.perf_counter()
+        try:  # (linker.check: a symbol that does not resolve is an error, not a crash)
+            k.addresses = engine.store_and_load(k.key, k.parts, _names(k.abi), target,
+                                                c.object_code, use_cache)
+        except LoweringError as e:
+            k.error = e
+        k.seconds += c.seconds + time.perf_counter() - start
+        k.optimized = c.optimized_ir
+    out: list[NativeKernel | LoweringError] = []
+    for k in made:
+        if isinstance(k, _Build) and k.addresses is None:  # compiled once, under its key
+            source = first[k.key]
+            k.addresses, k.error = source.addresses, source.error
+        out.append(k if isinstance(k, LoweringError) else
+                   k.error or k.native(fastmath, target, use_cache))
+    return out
 
-    def build() -> bytes:
-        from .codegen import generate  # the IR builder: loaded on a cache miss only
-        built["module"], built["abi"] = generate(node, fastmath, strided)
-        compiled = engine.compile_module(built["module"], target)
-        built["optimized"] = compiled.optimized_ir
-        return compiled.object_code
 
-    key = diskcache.make_key(parts)
-    names = (abi.name, *filter(None, [abi.finisher]))
-    addresses, hit = engine.load_cached(key, parts, names, target, build, use_cache)
-    fns = [KernelFn(a) for a in addresses]
-    return NativeKernel(node, built.get("abi", abi), fastmath, key, parts,
-                        time.perf_counter() - start, hit, built.get("optimized", ""), target,
-                        fns[0], fns[1] if abi.finisher else None, views,
-                        _module=built.get("module"), call=graphsink.sink(use_cache).call,
-                        sink=graphsink.sink(use_cache))
+def _names(abi: KernelABI) -> tuple[str, ...]:
+    return (abi.name, *filter(None, [abi.finisher]))
 
 
 class LLVMProgram:
@@ -399,13 +458,11 @@ class LLVMProgram:
         self.native: dict[int, NativeKernel] = {}
         self.nodes = run_order(graph)  # what the return reaches: what dce would keep
         storers = _storers(self.nodes)
-        for at, node in enumerate(self.nodes):
-            if node.body is None:
-                continue
-            try:
-                k = compile_kernel(node, fastmath, cache, _views(node, at, storers))
-            except LoweringError as e:
-                self.fallbacks.append(Fallback(node, e.message))
+        kernels = [(node, _views(node, at, storers)) for at, node in enumerate(self.nodes)
+                   if node.body is not None]
+        for (node, _), k in zip(kernels, compile_kernels(kernels, fastmath, cache)):
+            if isinstance(k, LoweringError):
+                self.fallbacks.append(Fallback(node, k.message))
                 continue
             self.kernels.append(k)
             self.native[id(node)] = k

@@ -29,6 +29,7 @@ import llvmlite.binding as llvm
 
 from ... import envvars
 from ...errors import TargetError
+from . import compileworker
 
 llvm_lock = threading.RLock()  # LLVM's global state is not thread-safe (engine.py takes it too)
 HOST = "host"
@@ -36,9 +37,7 @@ HOST = "host"
 
 @functools.cache
 def _initialize() -> None:
-    llvm.initialize_all_targets()  # other triples are compiled for (never run) in tests
-    llvm.initialize_all_asmprinters()
-    llvm.initialize_native_asmparser()  # the sink's inline `pause`
+    compileworker.initialize()
 
 
 @dataclass(frozen=True)
@@ -61,8 +60,7 @@ class Target:
     def machine(self) -> llvm.TargetMachine:
         """A new target machine (an MCJIT engine owns the one it is given)."""
         _initialize()
-        return llvm.Target.from_triple(self.triple).create_target_machine(
-            cpu=self.cpu, features=self.features, opt=3, reloc="pic", jit=True)
+        return compileworker.machine(self.triple, self.cpu, self.features)
 
     def parts(self) -> dict[str, str]:
         """This target as parts of a cache key."""

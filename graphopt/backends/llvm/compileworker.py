@@ -1,0 +1,223 @@
+"""LLVM IR text to object code, here or in a helper process that compiles beside this one.
+
+llvmlite serialises every call into LLVM on one process-wide lock, so threads cannot compile
+two modules at once. A step with many kernels to compile (a cold cache) compiles them in two
+processes instead: this one, and a helper started with this file as its script (it imports
+nothing of graphopt, so it is ready in about a tenth of a second) and kept for the life of
+the process. Both compile with the functions below, so the helper's object code is the code
+this process would have made; it is checked like any other before it is loaded
+(linker.check). The jobs are one queue, largest first: this process and the thread that
+feeds the helper each take the next. A helper that fails, dies or is silent for
+HELPER_TIMEOUT seconds is dropped, and its job goes back to the queue (torch's inductor
+compiles in a pool of processes for the same reason).
+
+Protocol: requests and replies are length-prefixed JSON (a 4-byte little-endian length, then
+UTF-8); a request {"ir", "triple", "cpu", "features", "optimize"} is answered by
+{"optimized", "object" (hex), "seconds"} or {"error"}.
+"""
+from __future__ import annotations
+
+import json
+import os
+import select
+import struct
+import subprocess
+import sys
+import threading
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+import llvmlite
+import llvmlite.binding as llvm
+
+HELPER_TIMEOUT = 30.0  # seconds a helper may take for one module before it is dropped
+
+
+def initialize() -> None:
+    """LLVM's targets, once per process (idempotent in LLVM)."""
+    llvm.initialize_all_targets()  # other triples are compiled for (never run) in tests
+    llvm.initialize_all_asmprinters()
+    llvm.initialize_native_asmparser()  # the sink's inline `pause`
+
+
+def machine(triple: str, cpu: str, features: str) -> llvm.TargetMachine:
+    """A new target machine for this CPU (an MCJIT engine owns the one it is given)."""
+    return llvm.Target.from_triple(triple).create_target_machine(
+        cpu=cpu, features=features, opt=3, reloc="pic", jit=True)
+
+
+def parse(text: str, tm: llvm.TargetMachine) -> llvm.ModuleRef:
+    mod = llvm.parse_assembly(text)
+    mod.triple = tm.triple
+    mod.data_layout = str(tm.target_data)
+    mod.verify()
+    return mod
+
+
+def optimize(mod: llvm.ModuleRef, tm: llvm.TargetMachine) -> llvm.ModuleRef:
+    """O3 with loop and SLP vectorization and unrolling, in place."""
+    pto = llvm.create_pipeline_tuning_options(speed_level=3)
+    pto.loop_vectorization = True
+    pto.slp_vectorization = True
+    pto.loop_unrolling = True
+    pb = llvm.create_pass_builder(tm, pto)
+    pb.getModulePassManager().run(mod, pb)
+    return mod
+
+
+def compile_ir(text: str, tm: llvm.TargetMachine, optimized: bool = True) -> tuple[str, bytes]:
+    """(the optimised IR, or "" when not optimised; the object code) of a module's text."""
+    mod = parse(text, tm)
+    if not optimized:
+        return "", tm.emit_object(mod)
+    optimize(mod, tm)
+    return str(mod), tm.emit_object(mod)
+
+
+# -- the helper process ---------------------------------------------------------------------
+
+def _send(stream, message: dict) -> None:
+    data = json.dumps(message).encode()
+    stream.write(struct.pack("<I", len(data)) + data)
+    stream.flush()
+
+
+def _read_exactly(fd: int, n: int, deadline: float | None) -> bytes:
+    out = bytearray()
+    while len(out) < n:
+        if deadline is not None:
+            ready, _, _ = select.select([fd], [], [], max(0.0, deadline - time.monotonic()))
+            if not ready:
+                raise TimeoutError("the compile helper did not answer in time")
+        chunk = os.read(fd, n - len(out))
+        if not chunk:
+            raise EOFError("the compile helper closed its pipe")
+        out += chunk
+    return bytes(out)
+
+
+def _receive(fd: int, deadline: float | None = None) -> dict:
+    (n,) = struct.unpack("<I", _read_exactly(fd, 4, deadline))
+    return json.loads(_read_exactly(fd, n, deadline))
+
+
+def main() -> None:
+    """The helper: compile what comes on stdin until it closes."""
+    initialize()
+    machines: dict[tuple[str, str, str], llvm.TargetMachine] = {}
+    out = sys.stdout.buffer
+    while True:
+        try:
+            job = _receive(sys.stdin.fileno())
+        except EOFError:
+            return
+        try:
+            start = time.perf_counter()
+            which = (job["triple"], job["cpu"], job["features"])
+            tm = machines.get(which) or machines.setdefault(which, machine(*which))
+            optimized, obj = compile_ir(job["ir"], tm, job["optimize"])
+            _send(out, {"optimized": optimized, "object": obj.hex(),
+                        "seconds": time.perf_counter() - start})
+        except Exception as e:  # (the parent compiles the module itself and reports)
+            _send(out, {"error": f"{type(e).__name__}: {e}"})
+
+
+@dataclass
+class Job:
+    """A module to compile for a target; its result once compiled (here or in the helper)."""
+
+    ir: str
+    triple: str
+    cpu: str
+    features: str
+    optimized: str = ""
+    object_code: bytes | None = None
+    seconds: float = 0.0
+
+
+class Helper:
+    """The helper process of this process, started on first use and kept; after one failure
+    none is started again. One compile at a time talks to it (`busy`): a compile that finds
+    it busy does its modules itself."""
+
+    busy = threading.Lock()
+    _process: subprocess.Popen | None = None
+    _pid = 0  # the process that started it (a fork's child starts its own)
+    _broken = False
+
+    @classmethod
+    def get(cls) -> subprocess.Popen | None:
+        """The helper (the caller holds `busy`), or None."""
+        if cls._pid != os.getpid():
+            cls._process, cls._pid = None, os.getpid()
+        if cls._process is None and not cls._broken:
+            try:
+                root = os.path.dirname(os.path.dirname(llvmlite.__file__))
+                cls._process = subprocess.Popen(
+                    [sys.executable, "-S", "-c",
+                     f"import sys; sys.path[:0] = [{root!r}, {os.path.dirname(__file__)!r}]"
+                     f"; import compileworker; compileworker.main()"],
+                    stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                    stderr=subprocess.DEVNULL, close_fds=True)
+            except OSError:
+                cls._broken = True
+        return cls._process
+
+    @classmethod
+    def drop(cls) -> None:
+        """Stop using the helper (it failed): kill it; compile in this process from now on."""
+        process, cls._process, cls._broken = cls._process, None, True
+        if process is not None:
+            process.kill()
+            process.wait()
+
+
+def compile_jobs(jobs: list[Job], here: Callable[[Job], None]) -> None:
+    """Compile every job: `here(job)` compiles one in this process; when there are several
+    and a helper runs, it takes jobs from the same queue (see the module's doc)."""
+    queue = sorted(jobs, key=lambda j: -len(j.ir))
+    lock = threading.Lock()
+
+    def take() -> Job | None:
+        with lock:
+            return queue.pop(0) if queue else None
+
+    def feed() -> None:
+        if not Helper.busy.acquire(blocking=False):
+            return
+        try:
+            talk()
+        finally:
+            Helper.busy.release()
+
+    def talk() -> None:
+        process = Helper.get()
+        while process is not None and (job := take()) is not None:
+            try:
+                _send(process.stdin, {"ir": job.ir, "triple": job.triple, "cpu": job.cpu,
+                                      "features": job.features, "optimize": True})
+                reply = _receive(process.stdout.fileno(), time.monotonic() + HELPER_TIMEOUT)
+                done = "error" not in reply and \
+                    (str(reply["optimized"]), bytes.fromhex(reply["object"]),
+                     float(reply["seconds"]))
+            except Exception:  # (a reply is checked, and the object code before it is loaded)
+                Helper.drop()
+                process, done = None, False
+            if done:
+                job.optimized, job.object_code, job.seconds = done
+            else:  # compiled here instead, which reports any error LLVM finds
+                with lock:
+                    queue.append(job)
+
+    feeder = threading.Thread(target=feed, daemon=True) if len(queue) > 1 else None
+    if feeder is not None:
+        feeder.start()
+    while True:
+        while (job := take()) is not None:
+            here(job)
+        if feeder is None or not feeder.is_alive():
+            break
+        feeder.join(0.01)  # its job may come back to the queue
+    while (job := take()) is not None:  # (put back after the last look)
+        here(job)
