@@ -142,3 +142,14 @@ def test_a_cold_step_compiles_in_both_processes_and_runs(fresh_helper, tmp_path,
     for _ in range(3):
         assert np.array_equal(exe(x), alone(x))
         assert np.array_equal(w.numpy(), w_ref.numpy())
+
+
+def test_no_helper_where_the_executable_is_no_python(fresh_helper, monkeypatch):
+    """An embedding program's sys.executable is its own binary: it is not started."""
+    with Helper.busy:  # (compiled here: no helper started yet)
+        mods = modules()
+    assert Helper._process is None
+    monkeypatch.setattr(sys, "executable", "/usr/bin/some-embedding-app")
+    assert Helper.get() is None and Helper._broken
+    assert [c.object_code for c in engine.compile_modules(mods, helper=True)] == \
+        [c.object_code for c in engine.compile_modules(mods, helper=False)]

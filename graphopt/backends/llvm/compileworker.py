@@ -20,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import select
+import signal
 import struct
 import subprocess
 import sys
@@ -104,6 +105,7 @@ def _receive(fd: int, deadline: float | None = None) -> dict:
 
 def main() -> None:
     """The helper: compile what comes on stdin until it closes."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)  # a Ctrl-C is the parent's to handle
     initialize()
     machines: dict[tuple[str, str, str], llvm.TargetMachine] = {}
     out = sys.stdout.buffer
@@ -152,6 +154,9 @@ class Helper:
         if cls._pid != os.getpid():
             cls._process, cls._pid = None, os.getpid()
         if cls._process is None and not cls._broken:
+            if "python" not in os.path.basename(sys.executable or ""):
+                cls._broken = True  # (an embedding program's binary, not an interpreter)
+                return None
             try:
                 root = os.path.dirname(os.path.dirname(llvmlite.__file__))
                 cls._process = subprocess.Popen(
