@@ -47,6 +47,7 @@ def test_the_helper_makes_this_process_object_code(fresh_helper):
     tm = engine.target_machine(target)
     process = Helper.get()
     assert process is not None
+    Helper.wait_ready(process)
     for m in modules():
         compileworker._send(process.stdin, {"ir": str(m), "triple": target.triple,
                                             "cpu": target.cpu, "features": target.features,
@@ -75,24 +76,38 @@ def fake(script: str) -> subprocess.Popen:
                             stdout=subprocess.PIPE)
 
 
+READY = "import sys; sys.stdout.buffer.write(b'\\x0f\\x00\\x00\\x00{\"ready\": true}'); "
+
+
 @pytest.mark.parametrize("script", [
     "pass",                                                   # gone at once
+    "import time; time.sleep(60)",                            # never ready
     "import sys; sys.stdout.buffer.write(b'\\x05\\x00\\x00\\x00hello'); sys.stdout.flush()"
-    "; import time; time.sleep(60)",                          # garbage
-    "import sys; sys.stdout.buffer.write(b'\\x02\\x00\\x00\\x00{}'); sys.stdout.flush()"
+    "; import time; time.sleep(60)",                          # garbage for a greeting
+    READY + "sys.stdout.flush(); sys.stdin.buffer.read(4)",    # ready, then gone
+    READY + "sys.stdout.flush(); import time; time.sleep(60)",  # ready, then silent
+    READY + "sys.stdout.buffer.write(b'\\x05\\x00\\x00\\x00hello'); sys.stdout.flush()"
+    "; import time; time.sleep(60)",                          # ready, then garbage
+    READY + "sys.stdout.buffer.write(b'\\x02\\x00\\x00\\x00{}'); sys.stdout.flush()"
     "; import time; time.sleep(60)",                          # a reply without the code
-    "import time; time.sleep(60)",                            # silent
 ])
 def test_a_failing_helper_costs_only_time(fresh_helper, monkeypatch, script):
     monkeypatch.setattr(compileworker, "HELPER_TIMEOUT", 1.0)
-    mods = modules()
-    alone = engine.compile_modules(mods, helper=False)
+    target = selected()
+    tm = engine.target_machine(target)
+    irs = [str(m) for m in modules()]
+    alone = [compileworker.compile_ir(ir, tm)[1] for ir in irs]
     monkeypatch.setattr(Helper, "_process", fake(script))
     monkeypatch.setattr(Helper, "_pid", compileworker.os.getpid())
+    jobs = [compileworker.Job(ir, target.triple, target.cpu, target.features) for ir in irs]
+
+    def slowly_here(job):  # (the helper has time to take a job)
+        time.sleep(0.3)
+        job.object_code = compileworker.compile_ir(job.ir, tm)[1]
     start = time.monotonic()
-    shared = engine.compile_modules(mods, helper=True)
+    compileworker.compile_jobs(jobs, slowly_here)
     assert time.monotonic() - start < 30
-    assert [c.object_code for c in shared] == [c.object_code for c in alone]
+    assert [j.object_code for j in jobs] == alone
     assert Helper._broken and Helper._process is None  # dropped (killed), not used again
 
 
@@ -125,6 +140,7 @@ def test_a_cold_step_compiles_in_both_processes_and_runs(fresh_helper, tmp_path,
     real = compileworker.compile_jobs
     monkeypatch.setattr(compileworker, "compile_jobs", lambda jobs, compile_here: real(
         jobs, lambda job: (here.append(job), compile_here(job))))
+    Helper.wait_ready(Helper.get())  # (a new helper would start after these few compiles)
     x = np.linspace(0, 1, 64, dtype=np.float32).reshape(2, 32)
     step, w = make_step()
     exe = go.jit(step, backend="llvm").lower(x)

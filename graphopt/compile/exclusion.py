@@ -47,9 +47,28 @@ class Domain:
 
 
 _merging = threading.Lock()  # one merge at a time: a merge holds several domains' locks
-# id(owner) -> (its domain, a weak reference whose callback drops the entry), while the owner
-# lives (by id: a tensor's == builds a tensor)
-_of: dict[int, tuple[Domain, weakref.ref]] = {}
+
+
+class _Entry(weakref.KeyedRef):
+    """An owner's domain, by a weak reference to the owner that drops its entry when the
+    owner goes (one object per owner: a step may have thousands)."""
+
+    __slots__ = ("domain",)
+
+    def __new__(cls, owner: Any, domain: Domain) -> _Entry:
+        self = super().__new__(cls, owner, _forget, id(owner))
+        self.domain = domain
+        return self
+
+    def __init__(self, owner: Any, domain: Domain) -> None:
+        super().__init__(owner, _forget, id(owner))
+
+
+def _forget(entry: _Entry) -> None:
+    _of.pop(entry.key, None)
+
+
+_of: dict[int, _Entry] = {}  # id(owner) -> its entry (by id: a tensor's == builds a tensor)
 
 
 class _Group:
@@ -82,7 +101,7 @@ def domain_of(owners: Iterable[Any]) -> Domain:
             if entry is None:
                 fresh[id(owner)] = owner
             else:
-                r = entry[0].root()
+                r = entry.domain.root()
                 roots[id(r)] = r
         merged = list(roots.values()) or [Domain()]
         for r in merged:  # wait for the calls in flight in each
@@ -92,7 +111,7 @@ def domain_of(owners: Iterable[Any]) -> Domain:
         for r in merged:
             r.lock.release()
         for key, owner in fresh.items():
-            _of[key] = (merged[0], weakref.ref(owner, lambda _, key=key: _of.pop(key, None)))
+            _of[key] = _Entry(owner, merged[0])
         return merged[0]
 
 

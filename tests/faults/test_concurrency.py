@@ -128,7 +128,7 @@ def test_domains_follow_the_parameters_and_forget_the_dead():
     s3 = jit(lambda x: (go.assign(a, a + x), go.assign(b, b + x), go.assign(c, c + x))
              ).lower(np.ones(4, np.float32))
     assert s1._domain.root() is s2._domain.root() is s3._domain.root()
-    assert exclusion._of[id(c)][0].root() is s3._domain.root()
+    assert exclusion._of[id(c)].domain.root() is s3._domain.root()
     key = id(c)
     del s3, c
     gc.collect()

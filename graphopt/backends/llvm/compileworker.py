@@ -7,13 +7,13 @@ nothing of graphopt, so it is ready in about a tenth of a second) and kept for t
 the process. Both compile with the functions below, so the helper's object code is the code
 this process would have made; it is checked like any other before it is loaded
 (linker.check). The jobs are one queue, largest first: this process and the thread that
-feeds the helper each take the next. A helper that fails, dies or is silent for
-HELPER_TIMEOUT seconds is dropped, and its job goes back to the queue (torch's inductor
-compiles in a pool of processes for the same reason).
+feeds the helper each take the next, the helper once it has said it is ready. A helper that
+fails, dies or is silent for HELPER_TIMEOUT seconds is dropped, and its job goes back to the
+queue (torch's inductor compiles in a pool of processes for the same reason).
 
-Protocol: requests and replies are length-prefixed JSON (a 4-byte little-endian length, then
-UTF-8); a request {"ir", "triple", "cpu", "features", "optimize"} is answered by
-{"optimized", "object" (hex), "seconds"} or {"error"}.
+Protocol: messages are length-prefixed JSON (a 4-byte little-endian length, then UTF-8). The
+helper first says {"ready"}; then it answers each request {"ir", "triple", "cpu",
+"features", "optimize"} with {"optimized", "object" (hex), "seconds"} or {"error"}.
 """
 from __future__ import annotations
 
@@ -33,6 +33,7 @@ import llvmlite
 import llvmlite.binding as llvm
 
 HELPER_TIMEOUT = 30.0  # seconds a helper may take for one module before it is dropped
+HELPER_MIN_JOBS = 3  # fewer modules compile here before a new helper would be ready
 
 
 def initialize() -> None:
@@ -109,6 +110,7 @@ def main() -> None:
     initialize()
     machines: dict[tuple[str, str, str], llvm.TargetMachine] = {}
     out = sys.stdout.buffer
+    _send(out, {"ready": True})
     while True:
         try:
             job = _receive(sys.stdin.fileno())
@@ -145,6 +147,7 @@ class Helper:
 
     busy = threading.Lock()
     _process: subprocess.Popen | None = None
+    _ready = False  # it said so (it takes ~0.1 s to start)
     _pid = 0  # the process that started it (a fork's child starts its own)
     _broken = False
 
@@ -152,11 +155,12 @@ class Helper:
     def get(cls) -> subprocess.Popen | None:
         """The helper (the caller holds `busy`), or None."""
         if cls._pid != os.getpid():
-            cls._process, cls._pid = None, os.getpid()
+            cls._process, cls._pid, cls._ready = None, os.getpid(), False
         if cls._process is None and not cls._broken:
             if "python" not in os.path.basename(sys.executable or ""):
                 cls._broken = True  # (an embedding program's binary, not an interpreter)
                 return None
+            cls._ready = False
             try:
                 root = os.path.dirname(os.path.dirname(llvmlite.__file__))
                 cls._process = subprocess.Popen(
@@ -170,6 +174,15 @@ class Helper:
         return cls._process
 
     @classmethod
+    def wait_ready(cls, process: subprocess.Popen) -> None:
+        """Wait for a new helper to say it is ready (raises if it does not)."""
+        if not cls._ready:
+            if "ready" not in _receive(process.stdout.fileno(),
+                                       time.monotonic() + HELPER_TIMEOUT):
+                raise ValueError("the compile helper did not start")
+            cls._ready = True
+
+    @classmethod
     def drop(cls) -> None:
         """Stop using the helper (it failed): kill it; compile in this process from now on."""
         process, cls._process, cls._broken = cls._process, None, True
@@ -179,14 +192,29 @@ class Helper:
 
 
 def compile_jobs(jobs: list[Job], here: Callable[[Job], None]) -> None:
-    """Compile every job: `here(job)` compiles one in this process; when there are several
-    and a helper runs, it takes jobs from the same queue (see the module's doc)."""
+    """Compile every job: `here(job)` compiles one in this process; when there are at least
+    HELPER_MIN_JOBS, the helper takes jobs from the same queue once it is ready (see the
+    module's doc). This process waits only for a job the helper has taken: a short compile
+    is over before a new helper is ready, which is then ready for the next one."""
     queue = sorted(jobs, key=lambda j: -len(j.ir))
-    lock = threading.Lock()
+    lock = threading.Condition()
+    taken = [0]  # jobs the helper has and has not answered
 
-    def take() -> Job | None:
+    def take(by_helper: bool = False) -> Job | None:
         with lock:
-            return queue.pop(0) if queue else None
+            if not queue:
+                return None
+            taken[0] += by_helper
+            return queue.pop(0)
+
+    def answered(job: Job, done: tuple | None) -> None:
+        with lock:
+            if done:
+                job.optimized, job.object_code, job.seconds = done
+            else:  # compiled here instead, which reports any error LLVM finds
+                queue.append(job)
+            taken[0] -= 1
+            lock.notify_all()
 
     def feed() -> None:
         if not Helper.busy.acquire(blocking=False):
@@ -198,31 +226,31 @@ def compile_jobs(jobs: list[Job], here: Callable[[Job], None]) -> None:
 
     def talk() -> None:
         process = Helper.get()
-        while process is not None and (job := take()) is not None:
+        try:
+            if process is not None and queue:
+                Helper.wait_ready(process)
+        except Exception:
+            Helper.drop()
+            return
+        while process is not None and (job := take(by_helper=True)) is not None:
             try:
                 _send(process.stdin, {"ir": job.ir, "triple": job.triple, "cpu": job.cpu,
                                       "features": job.features, "optimize": True})
                 reply = _receive(process.stdout.fileno(), time.monotonic() + HELPER_TIMEOUT)
-                done = "error" not in reply and \
+                done = None if "error" in reply else \
                     (str(reply["optimized"]), bytes.fromhex(reply["object"]),
                      float(reply["seconds"]))
             except Exception:  # (a reply is checked, and the object code before it is loaded)
                 Helper.drop()
-                process, done = None, False
-            if done:
-                job.optimized, job.object_code, job.seconds = done
-            else:  # compiled here instead, which reports any error LLVM finds
-                with lock:
-                    queue.append(job)
+                process, done = None, None
+            answered(job, done)
 
-    feeder = threading.Thread(target=feed, daemon=True) if len(queue) > 1 else None
-    if feeder is not None:
-        feeder.start()
+    if len(queue) >= HELPER_MIN_JOBS:
+        threading.Thread(target=feed, daemon=True).start()
     while True:
         while (job := take()) is not None:
             here(job)
-        if feeder is None or not feeder.is_alive():
-            break
-        feeder.join(0.01)  # its job may come back to the queue
-    while (job := take()) is not None:  # (put back after the last look)
-        here(job)
+        with lock:
+            if not queue and not taken[0]:
+                return
+            lock.wait(0.05)  # for the helper's answer (or its job back in the queue)

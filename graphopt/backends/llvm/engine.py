@@ -88,7 +88,7 @@ def compile_modules(modules: list[ir.Module], target: Target | None = None,
             job.optimized, job.object_code = compileworker.compile_ir(
                 job.ir, target_machine(target))
         job.seconds = time.perf_counter() - start
-    if helper and len(jobs) > 1:
+    if helper:
         compileworker.compile_jobs(jobs, here)
     else:
         for job in jobs:
