@@ -25,7 +25,7 @@ from llvmlite import binding as llvm
 from llvmlite import ir
 
 from ...ir.types import RowsType, i64
-from .codegen import PTR, _Builder
+from .codegen import LINE, PTR, _Builder
 from .emitter import I8, I32, storage_type
 
 
@@ -100,5 +100,4 @@ class RowBuilder(_Builder):
 
 
 PREFETCH = 8  # rows ahead: enough to cover a memory latency at a few ns per element
-LINE = 64  # bytes per cache line
 _LAYOUT = llvm.create_target_data("e-m:e-i64:64-f80:128-n8:16:32:64-S128")
