@@ -50,15 +50,13 @@ def test_the_helper_makes_this_process_object_code(fresh_helper):
     Helper.wait_ready(process)
     for m in modules():
         compileworker._send(process.stdin, {"ir": str(m), "triple": target.triple,
-                                            "cpu": target.cpu, "features": target.features,
-                                            "optimize": True})
+                                            "cpu": target.cpu, "features": target.features})
         reply = compileworker._receive(process.stdout.fileno(), time.monotonic() + 60)
         optimized, obj = compileworker.compile_ir(str(m), tm)
         assert bytes.fromhex(reply["object"]) == obj and reply["optimized"] == optimized
     # a module LLVM refuses is an error reply, and the helper goes on
     compileworker._send(process.stdin, {"ir": "this is not IR", "triple": target.triple,
-                                        "cpu": target.cpu, "features": target.features,
-                                        "optimize": True})
+                                        "cpu": target.cpu, "features": target.features})
     assert "error" in compileworker._receive(process.stdout.fileno(), time.monotonic() + 60)
     assert process.poll() is None
 

@@ -9,11 +9,12 @@ this process would have made; it is checked like any other before it is loaded
 (linker.check). The jobs are one queue, largest first: this process and the thread that
 feeds the helper each take the next, the helper once it has said it is ready. A helper that
 fails, dies or is silent for HELPER_TIMEOUT seconds is dropped, and its job goes back to the
-queue (torch's inductor compiles in a pool of processes for the same reason).
+queue (torch's inductor also compiles in a pool of processes).
 
 Protocol: messages are length-prefixed JSON (a 4-byte little-endian length, then UTF-8). The
 helper first says {"ready"}; then it answers each request {"ir", "triple", "cpu",
-"features", "optimize"} with {"optimized", "object" (hex), "seconds"} or {"error"}.
+"features"} (a module to optimise and compile) with {"optimized", "object" (hex),
+"seconds"} or {"error"}.
 """
 from __future__ import annotations
 
@@ -119,8 +120,9 @@ def main() -> None:
         try:
             start = time.perf_counter()
             which = (job["triple"], job["cpu"], job["features"])
-            tm = machines.get(which) or machines.setdefault(which, machine(*which))
-            optimized, obj = compile_ir(job["ir"], tm, job["optimize"])
+            if which not in machines:
+                machines[which] = machine(*which)
+            optimized, obj = compile_ir(job["ir"], machines[which])
             _send(out, {"optimized": optimized, "object": obj.hex(),
                         "seconds": time.perf_counter() - start})
         except Exception as e:  # (the parent compiles the module itself and reports)
@@ -235,7 +237,7 @@ def compile_jobs(jobs: list[Job], here: Callable[[Job], None]) -> None:
         while process is not None and (job := take(by_helper=True)) is not None:
             try:
                 _send(process.stdin, {"ir": job.ir, "triple": job.triple, "cpu": job.cpu,
-                                      "features": job.features, "optimize": True})
+                                      "features": job.features})
                 reply = _receive(process.stdout.fileno(), time.monotonic() + HELPER_TIMEOUT)
                 done = None if "error" in reply else \
                     (str(reply["optimized"]), bytes.fromhex(reply["object"]),
