@@ -137,7 +137,8 @@ def test_a_cold_step_compiles_in_both_processes_and_runs(fresh_helper, tmp_path,
     here = []
     real = compileworker.compile_jobs
     monkeypatch.setattr(compileworker, "compile_jobs", lambda jobs, compile_here: real(
-        jobs, lambda job: (here.append(job), compile_here(job))))
+        jobs, lambda job: (here.append(job), time.sleep(0.2), compile_here(job))))
+    # (slowed down here, so that the helper surely takes a module however loaded the machine)
     Helper.wait_ready(Helper.get())  # (a new helper would start after these few compiles)
     x = np.linspace(0, 1, 64, dtype=np.float32).reshape(2, 32)
     step, w = make_step()
