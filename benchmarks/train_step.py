@@ -684,7 +684,9 @@ def render(results: dict, cases: list[str], impls: list[str], skipped: dict,
            "products are its BLAS's (numpy's OpenBLAS for graphopt, MKL for torch's "
            "x86 wheels).", "", *(split if len(split) > 2 else ["(no graphopt and torch rows)"]),
            "",
-           "## graphopt compile", "", *comp, "", *bw_md]
+           "## graphopt compile", "", "`LLVM compile (sum)` adds up each kernel's compile "
+           "time; a step's kernels compile in two processes (a compile helper), so the sum can "
+           "exceed the cold compile's wall time.", "", *comp, "", *bw_md]
     if skipped:
         out += ["Skipped: " + "; ".join(f"{k}: {v}" for k, v in skipped.items()), ""]
     return text, "\n".join(out)
