@@ -278,14 +278,14 @@ class Emitter:
             value = self.b.zext(value, I8)
         self.b.store(value, self.b.gep(ptr, [offset], inbounds=True, source_etype=t))
 
-    def prefetch(self, ptr, offset, d: DType) -> None:
+    def prefetch(self, ptr, offset, d: DType, write: bool = False) -> None:
         """Ask for the cache line holding element `offset` of a `d` array at `ptr` (the address
-        may lie past the array's end: a prefetch never faults)."""
+        may lie past the array's end: a prefetch never faults); `write`: to be written."""
         t = storage_type(d)
         fn = self.module.declare_intrinsic(
             "llvm.prefetch.p0", (), ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]))
-        read, keep_in_all_levels, data = (ir.Constant(I32, k) for k in (0, 3, 1))
-        self.b.call(fn, [self.b.gep(ptr, [offset], source_etype=t), read, keep_in_all_levels,
+        rw, keep_in_all_levels, data = (ir.Constant(I32, k) for k in (int(write), 3, 1))
+        self.b.call(fn, [self.b.gep(ptr, [offset], source_etype=t), rw, keep_in_all_levels,
                          data])
 
     def bf16_to_f32(self, raw):

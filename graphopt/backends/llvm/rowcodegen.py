@@ -21,12 +21,10 @@ values' row: the vectorizer makes SIMD code of it. Bytes moved: K·D per operand
 """
 from __future__ import annotations
 
-from llvmlite import binding as llvm
 from llvmlite import ir
 
 from ...ir.types import RowsType, i64
-from .codegen import LINE, PTR, _Builder
-from .emitter import I8, I32, storage_type
+from .codegen import LINE, _Builder
 
 
 class RowBuilder(_Builder):
@@ -83,21 +81,15 @@ class RowBuilder(_Builder):
         ask = self.fn.append_basic_block("prefetch.row")
         b.cbranch(b.icmp_unsigned("<", r, height), ask, done)
         b.position_at_end(ask)
-        fn = self.module.globals.get("llvm.prefetch.p0") or ir.Function(
-            self.module, ir.FunctionType(ir.VoidType(), [PTR, I32, I32, I32]),
-            "llvm.prefetch.p0")
         for j in sorted(self.indexed):
-            size = storage_type(self.node.body.inputs[j].dtype).get_abi_size(_LAYOUT)
-            row = b.gep(self.ptrs[j], [b.mul(b.mul(r, width), self.i64(size))],
-                        source_etype=I8)
-            lines = b.udiv(b.add(b.mul(width, self.i64(size)), self.i64(LINE - 1)),
-                           self.i64(LINE))
-            self.loop(self.i64(0), lines, lambda line, row=row: b.call(fn, [
-                b.gep(row, [b.mul(line, self.i64(LINE))], source_etype=I8),
-                ir.Constant(I32, 1), ir.Constant(I32, 3), ir.Constant(I32, 1)]), "line")
+            d = self.node.body.inputs[j].dtype
+            per_line = self.i64(LINE // d.itemsize)
+            row = b.mul(r, width)
+            lines = b.udiv(b.add(width, b.sub(per_line, self.i64(1))), per_line)
+            self.loop(self.i64(0), lines, lambda line, j=j, d=d, row=row: self.e.prefetch(
+                self.ptrs[j], b.add(row, b.mul(line, per_line)), d, write=True), "line")
         b.branch(done)
         b.position_at_end(done)
 
 
 PREFETCH = 8  # rows ahead: enough to cover a memory latency at a few ns per element
-_LAYOUT = llvm.create_target_data("e-m:e-i64:64-f80:128-n8:16:32:64-S128")

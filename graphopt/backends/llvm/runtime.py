@@ -56,6 +56,11 @@ def threads() -> int:
     return envvars.threads()
 
 
+# Operands a kernel reads where they lie in another value's memory: operand -> (base,
+# offset, strides), in elements (see _views).
+Views = dict[int, tuple[Value, int, tuple[int, ...]]]
+
+
 @dataclass
 class NativeKernel:
     """A kernel node compiled to a function, with what introspection shows of it."""
@@ -71,9 +76,7 @@ class NativeKernel:
     target: Target = field(repr=False)
     fn: object = field(repr=False)  # the native function
     finish_fn: object = field(repr=False)  # its finisher (kernels with reductions), or None
-    # Operands read where they lie in another value's memory: operand -> (base, offset,
-    # strides), in elements (see _views).
-    views: dict[int, tuple[Value, int, tuple[int, ...]]] = field(default_factory=dict)
+    views: Views = field(default_factory=dict)
     calls: int = 0
     _module: object = field(default=None, repr=False)
     # graphsink's `call`: the function, called alone, with its arguments from a Record.
@@ -345,8 +348,7 @@ class Fallback:
     reason: str
 
 
-def _strided(node: Node, views: dict[int, tuple[Value, int, tuple[int, ...]]]
-             ) -> dict[int, tuple[int, ...]]:
+def _strided(node: Node, views: Views) -> dict[int, tuple[int, ...]]:
     """The strides of the operands read as views whose layout is not their own C order (the
     others differ only in where they start, which the pointer says)."""
     def differs(shape: tuple[int, ...], strides: tuple[int, ...]) -> bool:
@@ -354,9 +356,6 @@ def _strided(node: Node, views: dict[int, tuple[Value, int, tuple[int, ...]]]
                                                          contiguous_strides(shape)))
     return {i: strides for i, (_, _, strides) in views.items()
             if differs(node.inputs[i].shape, strides)}
-
-
-Views = dict[int, tuple[Value, int, tuple[int, ...]]]
 
 
 def compile_kernel(node: Node, fastmath: bool, use_cache: bool, views: Views | None = None
@@ -712,8 +711,7 @@ def _storers(nodes: list[Node]) -> dict[Value, list[int]]:
     return out
 
 
-def _views(node: Node, at: int, storers: dict[Value, list[int]]
-           ) -> dict[int, tuple[Value, int, tuple[int, ...]]]:
+def _views(node: Node, at: int, storers: dict[Value, list[int]]) -> Views:
     """The operands of a kernel (of one iteration space) that it can read where they lie: each
     made by views of a base (ir.analysis.view_source) that no kernel up to this one stores in
     place. The order survives _stores_last, which never moves a store before a node that
