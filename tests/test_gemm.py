@@ -92,6 +92,32 @@ def test_products_of_any_shape_and_layout_are_the_references(m, n, k, ta, tb, f6
 
 
 @needs_blas
+@settings(max_examples=30, deadline=None)
+@given(halves=st.integers(1, 12), other=st.integers(2, 383), share=st.floats(1.0, 4.0),
+       by_rows=st.booleans(), ta=st.booleans(), tb=st.booleans(),
+       seed=st.integers(0, 2**32 - 1))
+def test_products_cut_in_the_smallest_pieces_are_the_references(halves, other, share, by_rows,
+                                                                ta, tb, seed):
+    """Products of f32 whose halves have 1-4x SPLIT_MIN_WORK multiply-adds (a 10-class
+    layer's, say): cut in two on two threads where the check allows it, and the
+    reference's bits."""
+    extent = 2 * gemm.PIECE_ALIGN * halves  # (the rows or columns it is cut along)
+    other = min(other, extent - 1)
+    k = max(2, int(gemm.SPLIT_MIN_WORK * share) // (extent // 2 * other) + 1)
+    m, n = (extent, other) if by_rows else (other, extent)
+    rng = np.random.default_rng(seed)
+    a = rng.standard_normal((k, m) if ta else (m, k)).astype(np.float32)
+    b = rng.standard_normal((n, k) if tb else (k, n)).astype(np.float32)
+
+    def f(x, y):
+        return ops.matmul(ops.transpose(x) if ta else x, ops.transpose(y) if tb else y)
+    got, want, program = both(f, a, b)
+    same_bits(got, want)
+    (p,) = program.products.values()
+    assert p.by_rows == by_rows and (p.units > 1) == p.exact, p.describe()
+
+
+@needs_blas
 @pytest.mark.parametrize("shapes", [((8, 128, 96), (8, 96, 128)), ((8, 128, 96), (96, 64)),
                                     ((128, 96), (8, 96, 64)), ((1, 300, 200), (4, 200, 300))])
 def test_batched_products_are_the_references(shapes):

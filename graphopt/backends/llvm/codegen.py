@@ -261,8 +261,13 @@ class _Builder:
         total = self.i64(math.prod(space[:st.k]))  # the elements added into each result
         # One instance: operand j is body input j; each is of the finish's shape or a scalar.
         self.ptrs = [self.arg_ptr(self.i64(j)) for j in range(len(node.inputs))]
-        self.scalars = {}
         self.e = Emitter(b, self.module, self.fastmath)
+        # A scalar operand loaded once, before the loop: loaded per element it would be read
+        # again after each element's stores (which LLVM cannot tell apart from it), and what
+        # it feeds (a bias correction's pow) computed again for every element.
+        self.scalars = {j: self.e.load(self.ptrs[j], self.i64(0), x.dtype)
+                        for j, x in enumerate(node.inputs)
+                        if x.shape != shape and j not in self.stored}
 
         def element(w):
             known: dict[Value, ir.Value] = {}

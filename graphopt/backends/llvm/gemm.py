@@ -13,9 +13,10 @@ one pool runs products and kernels, and a thread that comes late finds the piece
 What it computes is what `matmul` means (ir/blas.py): each matrix's product on one BLAS
 thread. A piece gives the same bits as the whole product when it stays on the BLAS's
 general path: at least SPLIT_MIN_WORK multiply-adds and a multiple of PIECE_ALIGN rows or
-columns (its small-matrix kernels and gemv compute in another order). Whether cutting
-keeps the bits is checked once per process on the library found (`split_is_exact`); where
-it does not (OpenBLAS's f64 kernels do not), each matrix's product is one piece.
+columns (its small-matrix kernels, below 100^3 multiply-adds in OpenBLAS, and gemv compute
+in another order). Whether cutting keeps the bits is checked once per process on the
+library found (`split_is_exact`, with pieces of SPLIT_MIN_WORK among its probes); where it
+does not (OpenBLAS's f64 kernels do not), each matrix's product is one piece.
 
 A product runs here when numpy would call gemm for it: f32 or f64, at least 2 rows, 2
 columns and 2 terms, operands of at most one batch axis that the BLAS reads where they lie
@@ -40,7 +41,7 @@ from ..base import gather
 from . import graphsink
 from .engine import runtime_functions
 
-SPLIT_MIN_WORK = 1 << 22  # multiply-adds a piece must have (4x the BLAS's small-matrix bound)
+SPLIT_MIN_WORK = 1 << 20  # multiply-adds a piece must have (the BLAS's small-matrix bound: 10^6)
 PIECE_ALIGN = 16  # pieces start at multiples of this many rows or columns
 GEMM_NAMES = {np.dtype(np.float32): "graphopt_gemm_f32_v1",
               np.dtype(np.float64): "graphopt_gemm_f64_v1"}
@@ -318,25 +319,29 @@ def split_is_exact(path: str, dtype: np.dtype, use_cache: bool = True) -> bool:
     """Whether cutting a product into pieces (as NativeProduct cuts it) gives the bits of the
     whole product on one thread, for the BLAS at `path`: products of random operands cut in
     two, by rows and by columns, each operand as it lies and transposed, against numpy's
-    product on one thread. Once per process and dtype (a few milliseconds)."""
+    product on one thread; one product large, one whose pieces have just SPLIT_MIN_WORK
+    multiply-adds (the smallest a cut makes). Once per process and dtype (a few ms)."""
     lib = blas.library()
     assert lib is not None and lib.path == path
     rng = np.random.default_rng(0)
-    m, n, k = 409, 409, 203  # (multiples of no unroll; cut in two pieces of 208 and 201)
-    for ta, tb in ((False, False), (True, True), (False, True), (True, False)):
-        a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
-        b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
-        a, b = (a.T if ta else a), (b.T if tb else b)
-        whole = blas.matmul(a, b)
-        for by_rows in (True, False):
-            out = np.full_like(whole, np.nan)
-            p = NativeProduct((Read("a"), Read("b")), k, out, lib, True, use_cache, 2, by_rows)
-            if p.units < 2:
-                return False
-            with blas.one_thread:
-                p.run_in({"a": a, "b": b})
-            if not np.array_equal(out, whole):
-                return False
+    # (409: a multiple of no unroll, cut in pieces of 208 and 201; 160 in two of 80, each of
+    # 80 x 160 x 82 multiply-adds: SPLIT_MIN_WORK and a little more)
+    for m, n, k in ((409, 409, 203), (160, 160, -(-SPLIT_MIN_WORK // (80 * 160)))):
+        for ta, tb in ((False, False), (True, True), (False, True), (True, False)):
+            a = rng.standard_normal((k, m) if ta else (m, k)).astype(dtype)
+            b = rng.standard_normal((n, k) if tb else (k, n)).astype(dtype)
+            a, b = (a.T if ta else a), (b.T if tb else b)
+            whole = blas.matmul(a, b)
+            for by_rows in (True, False):
+                out = np.full_like(whole, np.nan)
+                p = NativeProduct((Read("a"), Read("b")), k, out, lib, True, use_cache, 2,
+                                  by_rows)
+                if p.units < 2:
+                    return False
+                with blas.one_thread:
+                    p.run_in({"a": a, "b": b})
+                if not np.array_equal(out, whole):
+                    return False
     return True
 
 
