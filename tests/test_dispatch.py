@@ -174,3 +174,66 @@ def test_a_kernel_called_alone_runs_the_units_of_the_current_thread_count(monkey
         if backend == "llvm":
             assert not fn.lower(x0).program.sink
     np.testing.assert_allclose(got["llvm"], got["interpreter"], rtol=1e-4)
+
+
+def _two_runs(step_factory, args, monkeypatch, steps=3):
+    """The losses and parameters of `steps` steps of a fresh step from step_factory, run with
+    its segments and with each native node called on its own (no segments)."""
+    from graphopt.backends.llvm import runtime
+    out = {}
+    for mode in ("segments", "node by node"):
+        with monkeypatch.context() as m:
+            if mode == "node by node":
+                m.setattr(runtime, "_segments", lambda *a: [])
+            step, params = step_factory()
+            fn = go.jit(step, backend="llvm", cache=False)
+            losses = [np.asarray(fn(*args)).copy() for _ in range(steps)]
+            out[mode] = (losses, {n: p.numpy().copy() for n, p in params.items()},
+                         fn.lower(*args).program)
+    return out
+
+
+@pytest.mark.parametrize("threads", ["1", "2"])
+def test_runs_of_kernels_and_products_are_one_native_call_each(threads, monkeypatch):
+    """Between numpy nodes, consecutive kernels and products run as one call of the graph
+    sink (a segment): a training step makes a native call per segment, and its losses and
+    parameters are those of the same step calling each node on its own, bit for bit."""
+    monkeypatch.setenv("GRAPHOPT_THREADS", threads)
+    out = _two_runs(mlp_step, batch(), monkeypatch)
+    (losses, params, program), (want_losses, want_params, alone) = \
+        out["segments"], out["node by node"]
+    assert program.segments and not alone.segments and not program.sink
+    grouped = {id(n) for s in program.segments for n in s.nodes}
+    assert all(id(n) in program.native or id(n) in program.products for n in
+               (n for s in program.segments for n in s.nodes))
+    assert program.native_calls == len(program.segments) + sum(
+        id(n) not in grouped for n in program.nodes
+        if id(n) in program.native or id(n) in program.products) < alone.native_calls
+    for got, want in zip(losses, want_losses):
+        assert got.tobytes() == want.tobytes()
+    for name, p in params.items():
+        assert p.tobytes() == want_params[name].tobytes(), name
+    assert "one native call runs" in program.listing()
+
+
+def test_a_segment_whose_product_numpy_runs_goes_node_by_node(monkeypatch):
+    """A product whose operand the BLAS cannot read where it lies (a misaligned argument:
+    numpy runs it) inside a segment: that step runs the segment's nodes one by one, with
+    the results of the interpreter."""
+    rng = np.random.default_rng(6)
+    x = rng.standard_normal((64, 32)).astype(np.float32)
+    raw = np.zeros(32 * 16 * 4 + 2, np.uint8)
+    w = np.frombuffer(raw.data, np.float32, 32 * 16, offset=2).reshape(32, 16)
+    w[...] = rng.standard_normal((32, 16)).astype(np.float32)
+    assert not w.flags.aligned
+
+    def step(x, w):
+        return ops.sum(ops.exp(ops.relu(x * 0.5) @ w * 0.01))
+    llvm = go.jit(step, backend="llvm", cache=False)
+    got = [float(llvm(x, w)) for _ in range(2)]
+    program = llvm.lower(x, w).program
+    (segment,) = program.segments
+    (product,) = program.products.values()
+    assert product in segment.parts and product._numpy and product.calls == 0
+    want = float(go.jit(step, backend="interpreter")(x, w))
+    np.testing.assert_allclose(got, [want, want], rtol=1e-6)

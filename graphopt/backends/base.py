@@ -64,6 +64,16 @@ class NativeNode(Protocol):
     def run_in(self, env: dict[Value, Any]) -> list[Any]: ...
 
 
+class NativeGroup(Protocol):
+    """Consecutive nodes a backend runs as one compiled call: the values of `outputs` (its
+    nodes' outputs, in order) made from the values computed so far."""
+
+    nodes: Sequence[Node]
+    outputs: Sequence[Value]
+
+    def run_in(self, env: dict[Value, Any]) -> list[Any]: ...
+
+
 class _StoredRoots:
     """Whether an array views a stored parameter's memory; the parameters' roots are worked
     out at the first question of a step (most steps ask none: fresh results own memory)."""
@@ -91,15 +101,27 @@ class NodeLoop:
     written in place while the nodes run; `keep`: the values read once a store may have run.
     A numpy result in `keep` that views a stored parameter is copied when made, so it keeps
     the value it was made from. `into`: the planned buffer of each value a numpy node
-    computes into (registry.evaluate_into) instead of allocating."""
+    computes into (registry.evaluate_into) instead of allocating. `groups`: id of a group's
+    first node -> consecutive nodes that run as one compiled call (NativeGroup), which
+    stands for them all."""
 
     def __init__(self, nodes: Sequence[Node], *,
                  native: Mapping[int, NativeNode] | None = None,
                  stored: Collection[Value] = (), keep: Collection[Value] = (),
-                 into: Mapping[Value, np.ndarray] | None = None):
+                 into: Mapping[Value, np.ndarray] | None = None,
+                 groups: Mapping[int, NativeGroup] | None = None):
         self.stored = tuple(stored)
         keep = set(keep) if self.stored else set()
-        self.steps = [_step(n, (native or {}).get(id(n)), keep, into or {}) for n in nodes]
+        groups = groups or {}
+        self.steps: list[Step] = []
+        inside: set[int] = set()  # the nodes of a group after its first
+        for n in nodes:
+            group = groups.get(id(n))
+            if group is not None:
+                inside.update(id(m) for m in group.nodes[1:])
+                self.steps.append(_group_step(group))
+            elif id(n) not in inside:
+                self.steps.append(_step(n, (native or {}).get(id(n)), keep, into or {}))
 
     def __call__(self, env: dict[Value, Any], steps: slice | None = None
                  ) -> dict[str, np.ndarray]:
@@ -191,6 +213,14 @@ def _step(node: Node, compiled: NativeNode | None, keep: set[Value],
         if kept:
             _keep(env, kept, roots)
     return numpy
+
+
+def _group_step(group: NativeGroup) -> Step:
+    outs, run_in = tuple(group.outputs), group.run_in
+
+    def native_group(env, updates, roots):
+        env.update(zip(outs, run_in(env)))
+    return native_group
 
 
 def _keep(env: dict[Value, Any], kept: list[Value], roots: _StoredRoots) -> None:

@@ -238,17 +238,25 @@ class NativeProduct:
         self._set(piece=piece, per_matrix=per_matrix)
         units = self.units = self.batch * per_matrix
         if n not in self._tables:
-            rows = np.zeros((1, 5 + units), np.int64)
-            rows[0, :4] = (self._driver, ctypes.addressof(self._words), 0, units)
-            rows[0, 4:] = np.arange(units + 1)
-            self._tables[n] = graphsink.table(rows, min(n, units))
+            self._tables[n] = graphsink.table(self.rows())
 
-    def run_in(self, env: dict[Value, object]) -> list[np.ndarray]:
+    def rows(self) -> list[graphsink.Row]:
+        """Its step of a kernel table at the present thread count: one unit (a piece of a
+        matrix) a claim."""
+        return [graphsink.Row(self._driver, ctypes.addressof(self._words), 0,
+                              range(self.units + 1), min(self._threads, self.units))]
+
+    def ready(self, env: dict[Value, object]) -> bool:
+        """Whether the BLAS reads this step's operands where they lie: its argument table then
+        holds them (numpy runs the product otherwise)."""
         a, b = self._gather(env)
         if a is not self._seen[0] or b is not self._seen[1]:
             self._prepare(a, b)
-        if self._numpy:
-            return [blas.matmul(*self._operands(a, b), self.out)]
+        return not self._numpy
+
+    def run_in(self, env: dict[Value, object]) -> list[np.ndarray]:
+        if not self.ready(env):
+            return [blas.matmul(*self._operands(*self._gather(env)), self.out)]
         self.calls += 1
         graphsink.run(self._sink, self._tables[self._threads])
         return [self.out]

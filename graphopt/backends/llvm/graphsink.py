@@ -23,7 +23,7 @@ import os
 import threading
 import time
 from dataclasses import dataclass
-from typing import NamedTuple
+from typing import NamedTuple, Sequence
 
 import numpy as np
 
@@ -319,7 +319,25 @@ class Table(NamedTuple):
     record: Record  # the sink's arguments for this table (Sink.run_record)
 
 
-def table(rows: np.ndarray, threads: int) -> Table:
+class Row(NamedTuple):
+    """One step of a kernel table (see SINK_IR): a function of the kernel signature, its
+    pointer table, its partials (0: none), the edges of the chunks its threads claim, and
+    how many threads it may use."""
+
+    fn: int
+    args: int
+    partials: int
+    edges: Sequence[int]
+    threads: int
+
+
+def table(steps: Sequence[Row]) -> Table:
+    """The table of these steps, run in order (on as many threads as the most any may use)."""
+    rows = np.zeros((len(steps), 4 + max(len(r.edges) for r in steps)), np.int64)
+    for row, r in zip(rows, steps):
+        row[:4] = (r.fn, r.args, r.partials, len(r.edges) - 1)
+        row[4:4 + len(r.edges)] = r.edges
+    threads = max(r.threads for r in steps)
     counters = np.zeros(2 * len(rows), np.int64)
     record = Record(len(rows), rows.ctypes.data, threads, rows.shape[1], counters.ctypes.data)
     return Table(rows, threads, counters, rows.ctypes.data, counters.ctypes.data, record)

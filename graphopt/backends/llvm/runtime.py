@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import bisect
 import ctypes
+import functools
 import math
 import operator
 import os
@@ -267,13 +268,19 @@ class NativeKernel:
         products and kernels run on one pool, whose threads claim chunks of the work."""
         n = self._threads
         if n not in self._tables:
-            edges = self.chunks()
-            rows = np.zeros((1, 4 + len(edges)), np.int64)
-            rows[0, :4] = (self.address, ctypes.addressof(self._args), self._partials_ptr,
-                           len(edges) - 1)
-            rows[0, 4:] = edges
-            self._tables[n] = graphsink.table(rows, len(self.splits()))
+            self._tables[n] = graphsink.table(self.rows()[:1])
         return self._tables[n]
+
+    def rows(self) -> list[graphsink.Row]:
+        """Its steps of a kernel table at the present thread count: its chunks, then (with
+        reductions) its finisher on one thread, which combines the partials in order."""
+        table = ctypes.addressof(self._args)
+        rows = [graphsink.Row(self.address, table, self._partials_ptr, self.chunks(),
+                              len(self.splits()))]
+        if self.finish_fn is not None:
+            rows.append(graphsink.Row(_address(self.finish_fn), table, self._partials_ptr,
+                                      [0, 1], 1))
+        return rows
 
     def run_in(self, env: dict) -> list[np.ndarray]:
         """A call on the env's values (a step the graph sink cannot run). Graph inputs were
@@ -447,6 +454,75 @@ def _names(abi: KernelABI) -> tuple[str, ...]:
     return (abi.name, *filter(None, [abi.finisher]))
 
 
+class Segment:
+    """Consecutive nodes that run natively, kernels and products, as one call of the graph
+    sink: the pointer tables of all of them first (their outputs exist before anything
+    runs: planned buffers, or arrays made for the call), then one table of their steps on
+    the pool's threads, each step after the one before (graphsink.SINK_IR), instead of a
+    call, a publish and a wait in Python per node. The numpy nodes between segments run in
+    Python, in order. A step in which numpy must run one of its products (the BLAS cannot
+    read its operands where they lie: gemm.py) runs the segment node by node."""
+
+    def __init__(self, nodes: list[Node], parts: list[NativeKernel | gemm.NativeProduct],
+                 sink: graphsink.Sink):
+        self.nodes, self.parts, self.sink = nodes, parts, sink
+        self.outputs = [v for n in nodes for v in n.outputs]
+        self._tables: dict[int, graphsink.Table] = {}  # by thread count
+
+    def run_in(self, env: dict[Value, object]) -> list[object]:
+        """The values of `outputs`, made in one native call (see the class's doc)."""
+        prepared = []
+        for node, part in zip(self.nodes, self.parts):
+            if isinstance(part, NativeKernel):
+                rows = part.prepare(part.operands(env))
+                env.update(zip(node.outputs, [a for row in rows for a in row]))
+                prepared.append(rows)
+            elif part.ready(env):
+                env[node.out] = part.out
+                prepared.append(None)
+            else:
+                return [x for n, p in zip(self.nodes, self.parts)
+                        for x in _ran(n, p.run_in(env), env)]
+        graphsink.run(self.sink, self._table())
+        made: list[object] = []
+        for part, rows in zip(self.parts, prepared):
+            if rows is None:
+                part.calls += 1
+                made.append(part.out)
+            else:
+                made += part.finish(rows, combined=True)
+        return made
+
+    def _table(self) -> graphsink.Table:
+        n = self.parts[0].threads  # (the program sets every part's when it changes)
+        if n not in self._tables:
+            self._tables[n] = graphsink.table([r for p in self.parts for r in p.rows()])
+        return self._tables[n]
+
+    def describe(self, names: dict[Value, str]) -> str:
+        return (f"one native call runs {', '.join(names[n.outputs[0]] for n in self.nodes)} "
+                f"in order (graph sink)")
+
+
+def _ran(node: Node, values: list, env: dict[Value, object]) -> list:
+    """A node's values, put in env too (the next node of a segment run node by node reads
+    them)."""
+    env.update(zip(node.outputs, values))
+    return values
+
+
+def _segments(nodes: list[Node], native: dict[int, object], sink: graphsink.Sink
+              ) -> list[Segment]:
+    """The runs of two or more consecutive nodes that run natively."""
+    runs: list[list[Node]] = [[]]
+    for n in nodes:
+        if id(n) in native:
+            runs[-1].append(n)
+        elif runs[-1]:
+            runs.append([])
+    return [Segment(r, [native[id(n)] for n in r], sink) for r in runs if len(r) > 1]
+
+
 class LLVMProgram:
     """A graph ready to run: native kernels, numpy for the rest."""
 
@@ -501,10 +577,16 @@ class LLVMProgram:
         self.needs_backup = bool(self.backed_up)
         self._backups: dict[Value, np.ndarray] | None = None  # their copies, reused each step
         self._partials_made = False  # (kernels called one by one: made by the first step)
-        # The numpy nodes and kernel calls as closures, made once (base.NodeLoop).
-        self._loop = NodeLoop(self.nodes, native={**self.native, **self.products},
-                              stored=self.stored if self.read_late else (),
-                              keep=self.read_late, into=self.buffers)
+        # Runs of kernels and products between numpy nodes: one native call each.
+        native = {**self.native, **self.products}
+        self.segments = [] if self.sink else _segments(self.nodes, native, graphsink.sink(cache))
+        # The numpy nodes and native calls as closures, made once (base.NodeLoop); node by
+        # node too, for node_times.
+        loop = functools.partial(NodeLoop, self.nodes, native=native,
+                                 stored=self.stored if self.read_late else (),
+                                 keep=self.read_late, into=self.buffers)
+        self._loop = loop(groups={id(s.nodes[0]): s for s in self.segments})
+        self._node_loop = loop()
         # Outputs that are stored parameters themselves keep their value from before the step.
         self._early = [v for v in graph.outputs if v in self.stored]
         # A graph-sink step whose kernels read every operand where it lies (no copy made for a
@@ -556,8 +638,12 @@ class LLVMProgram:
 
     @property
     def native_calls(self) -> int:
-        """Native calls a step makes on each thread: 1 with the graph sink."""
-        return 1 if self.sink else len(self.kernels)
+        """Native calls a step makes on each thread: 1 with the graph sink over the whole
+        step; else one per segment, and one per kernel or product outside them."""
+        if self.sink:
+            return 1
+        grouped = sum(len(s.nodes) for s in self.segments)
+        return len(self.segments) + len(self.kernels) + len(self.products) - grouped
 
     def listing(self, kind: str = "llvm") -> str:
         """Every compiled kernel as `llvm` (optimised IR), `llvm-raw` (as generated) or `asm`;
@@ -585,6 +671,7 @@ class LLVMProgram:
         parts += [f"{comment} runs through numpy: {f.reason}" for f in self.fallbacks]
         parts += [f"{comment} {names[p.out_value]} = matmul: {p.describe()}"
                   for p in self.products.values()]
+        parts += [f"{comment} {s.describe(names)}" for s in self.segments]
         return "\n".join(parts)
 
     def run(self, inputs: dict[Value, np.ndarray]) -> tuple[list[np.ndarray],
@@ -630,7 +717,7 @@ class LLVMProgram:
         with blas.one_thread:
             for i in range(len(self.nodes)):
                 start = time.perf_counter()
-                self._loop(env, slice(i, i + 1))
+                self._node_loop(env, slice(i, i + 1))
                 times.append(time.perf_counter() - start)
         return times
 
@@ -667,23 +754,13 @@ class LLVMProgram:
         graphsink.run(self._sink, self._sink_table())
 
     def _sink_table(self) -> graphsink.Table:
-        """One row per kernel: function, pointer table, partials, its number of chunks, then
-        their edges (graphsink.SINK_IR), and the threads the step uses (those of its most
-        split kernel). Made once per thread count (the step's, as `run` read it: reading the
-        environment again costs more than a small step's native call)."""
+        """The table of every kernel of the step (graphsink.SINK_IR), on the threads of its
+        most split kernel. Made once per thread count (the step's, as `run` read it: reading
+        the environment again costs more than a small step's native call)."""
         n = self._threads
         if n not in self._sink_tables:
-            steps = []  # (function address, kernel, chunk edges, threads it may use)
-            for node in self.nodes:
-                k = self.native[id(node)]
-                steps.append((k.address, k, k.chunks(), len(k.splits())))
-                if k.finish_fn is not None:  # one thread combines the partials
-                    steps.append((_address(k.finish_fn), k, [0, 1], 1))
-            rows = np.zeros((len(steps), 4 + max(len(s[2]) for s in steps)), np.int64)
-            for row, (address, k, edges, _) in zip(rows, steps):
-                row[:4] = (address, ctypes.addressof(k._args), k._partials_ptr, len(edges) - 1)
-                row[4:4 + len(edges)] = edges
-            self._sink_tables[n] = graphsink.table(rows, max(s[3] for s in steps))
+            self._sink_tables[n] = graphsink.table(
+                [r for node in self.nodes for r in self.native[id(node)].rows()])
         return self._sink_tables[n]
 
 
