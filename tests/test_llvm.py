@@ -213,6 +213,42 @@ def test_flat_loops_prefetch_and_compute_every_unit_once(n, monkeypatch):
     assert len(nest.abi.instances[0].dims) >= 2 and "llvm.prefetch" not in nest.optimized()
 
 
+def _blocks_calling(ir_text: str, callee: str) -> list[str]:
+    """The labels of the basic blocks of LLVM IR text that call `callee`, one per call."""
+    found, block = [], None
+    for line in ir_text.splitlines():
+        if line and not line.startswith(" ") and line.endswith(":"):
+            block = line[:-1]
+        elif f'call double @"{callee}"' in line:
+            found.append(block)
+    return found
+
+
+def test_what_only_scalars_compute_is_computed_once_per_instance():
+    """A multi-tensor Adam with bf16 state computes its bias corrections (pow of the step
+    count and the betas: scalar operands) in its kernel. They are computed in each
+    instance's prologue, before its chunked loop over units, not at every element (LLVM did
+    not hoist the calls out of the chunks: one pair per 64 elements); the step is the
+    interpreter's, bit for bit."""
+    rng = np.random.default_rng(7)
+    shapes = [(3000,), (200, 70), (5,)]
+    values = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    grads = [rng.standard_normal(s).astype(np.float32) for s in shapes]
+    got = {}
+    for backend in ("llvm", "interpreter"):
+        params = [go.Parameter(v, name=f"p{i}") for i, v in enumerate(values)]
+        opt = go.optim.Adam(params, lr=1e-2, state_dtype="bf16")
+        fn = go.jit(lambda g: opt.step(g), backend=backend, cache=False)
+        for _ in range(3):
+            fn(grads)
+        got[backend] = [p.numpy() for p in params]
+        if backend == "llvm":
+            (update,) = [k for k in fn.lower(grads).kernels if len(k.abi.instances) == 3]
+            assert _blocks_calling(update.ir_text, "pow") == ["instance", "instance"]
+    for a, b in zip(got["llvm"], got["interpreter"]):
+        np.testing.assert_array_equal(a, b)
+
+
 @pytest.mark.usefixtures("cpu_level")
 def test_reductions_are_deterministic_across_threads(monkeypatch):
     x = np.random.default_rng(4).standard_normal(3_000_000).astype(np.float32)

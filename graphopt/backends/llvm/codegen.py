@@ -60,6 +60,7 @@ from ...ir.kernel import (
     upstream,
 )
 from ...ir.printer import value_names
+from ...ir.registry import CONSTANT, ELEMENTWISE
 from ...ir.types import DType, TensorType
 from .abi import BLOCK_ELEMENTS, Instance, KernelABI, Strided, plan
 from .emitter import F32, I64, PTR, Emitter, compute_type, storage_type
@@ -268,6 +269,8 @@ class _Builder:
         self.scalars = {j: self.e.load(self.ptrs[j], self.i64(0), x.dtype)
                         for j, x in enumerate(node.inputs)
                         if x.shape != shape and j not in self.stored}
+        invariant = self.scalar_values(st.finish)
+        nodes = [n for n in st.finish if n.outputs[0] not in invariant]
 
         def element(w):
             known: dict[Value, ir.Value] = {}
@@ -282,7 +285,7 @@ class _Builder:
 
             def offset(j):
                 return w if node.inputs[j].shape == shape else self.i64(0)
-            env = self.values(st.finish, offset, known)
+            env = self.values(nodes, offset, {**invariant, **known})
             for j, n in st.finish_stores:
                 self.e.store(env[n.inputs[1]], self.ptrs[j], offset(j), n.inputs[1].dtype)
 
@@ -429,6 +432,20 @@ class _Builder:
         for j, x in enumerate(self.node.body.inputs):
             if not any(strides[j]) and j not in self.stored:
                 self.scalars[j] = self.e.load(self.ptrs[j], self.i64(0), x.dtype)
+        self.invariant = self.scalar_values(self.stages.element)
+
+    def scalar_values(self, nodes: list[Node]) -> dict[Value, ir.Value]:
+        """The values of the elementwise nodes among `nodes` that only scalar operands and
+        constants compute (a bias correction's pow, a learning rate cast to f32), computed
+        here, once, instead of at every element: LLVM hoists such a call out of a simple loop,
+        but not out of a chunked one, where it may not run in a chunk with no units."""
+        scalar = {x for j, x in enumerate(self.node.body.inputs) if j in self.scalars}
+        once = []
+        for n in nodes:
+            if n.opdef.category in (ELEMENTWISE, CONSTANT) and scalar.issuperset(n.inputs):
+                once.append(n)
+                scalar.update(n.outputs)
+        return self.values(once, lambda j: self.i64(0), _NONE)
 
     def unit(self, u, shape: Instance) -> None:
         """One step of the outer loop: the inner dimensions are loops of their own; in a
@@ -458,7 +475,7 @@ class _Builder:
         space = tuple(self.node.attrs["spaces"][0])
         r = row_axis(body)
         count = int(np.prod(space[r:], dtype=np.int64))
-        known: dict[Value, ir.Value] = {}
+        known: dict[Value, ir.Value] = dict(self.invariant)
         inputs = set(body.inputs)
         for reds in row_passes(body):
             for m in reds:
@@ -560,7 +577,8 @@ class _Builder:
         they compute), computed already."""
         body, e = self.node.body, self.e
         strides = self.abi.instances[0].strides
-        env = self.body_values(lambda j: self.offset(strides[j], idx), known)
+        env = self.body_values(lambda j: self.offset(strides[j], idx),
+                               {**self.invariant, **known})
         kinds = self.node.attrs["outputs"]
         maps = [k for k, kind in enumerate(kinds) if is_mapped(kind)]
         for m, k in enumerate(maps):

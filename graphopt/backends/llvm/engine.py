@@ -28,7 +28,7 @@ from .target import Target, baseline, llvm_lock, selected
 if TYPE_CHECKING:
     from llvmlite import ir  # modules come from codegen; a warm start never imports it
 
-CODEGEN_VERSION = "13"  # bump when generated code changes for the same kernel text
+CODEGEN_VERSION = "14"  # bump when generated code changes for the same kernel text
 # The parts that tell one entry from another in `graphopt cache list` (when it has none of
 # them, its first two are shown).
 LISTED_PARTS = ("kernel", "runtime", "flags", "cpu")
